@@ -1,0 +1,330 @@
+# -*- coding: utf-8 -*-
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Topology planner: turns inventory variables into the serving plan.
+
+The plan is the single source of every GPU index and port the deployment uses: the
+preflight role validates it, templates render units from it, `pdctl plan` prints it.
+Pure standard library so it runs inside Ansible modules, filter plugins and the CLI.
+
+Inventory contract (per host, after Ansible merged group_vars/host_vars):
+  pdctl_gpu_count          int, GPUs on the host
+  pdctl_instances          list of {pool, [name], [gpus], [api_port], [side_channel_port], [dp_rpc_port]}
+  pdctl_pools              {pool: {tensor_parallel_size, data_parallel_size}}
+  pdctl_ports              {api_base, side_channel_base, dp_rpc_base, router, router_metrics}
+  pdctl_model_path         served model directory
+  pdctl_versions.vllm      vLLM release the host runs
+  pdctl_advertise_address  routable address (defaults to ansible_host, then the host name)
+Hosts in the `router` group run the P/D router on pdctl_ports.router / router_metrics.
+"""
+from __future__ import annotations
+
+import json
+
+KNOWN_POOLS = ("prefill", "decode")
+ROUTER_GROUP = "router"
+
+
+class PlanError(Exception):
+    """Raised with every validation problem found, so an operator fixes them in one pass."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def _as_int(value, what, problems):
+    if isinstance(value, bool):
+        problems.append("%s must be an integer, found %r" % (what, value))
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        problems.append("%s must be an integer, found %r" % (what, value))
+        return None
+
+
+def _gpu_list(value, what, problems):
+    """Accept [0,1,2,3], "0,1,2,3" or "0-3"."""
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = []
+        for part in str(value).split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, _, hi = part.partition("-")
+                lo_i, hi_i = _as_int(lo, what, problems), _as_int(hi, what, problems)
+                if lo_i is None or hi_i is None:
+                    return None
+                items.extend(range(lo_i, hi_i + 1))
+            elif part:
+                items.append(part)
+    gpus = [_as_int(item, what, problems) for item in items]
+    if any(g is None for g in gpus):
+        return None
+    return gpus
+
+
+def host_address(name, hostvars):
+    return str(hostvars.get("pdctl_advertise_address") or hostvars.get("ansible_host") or name)
+
+
+def _pool_settings(host, hostvars, pool, problems):
+    pools = hostvars.get("pdctl_pools") or {}
+    spec = pools.get(pool)
+    if not isinstance(spec, dict):
+        problems.append("%s: pool %r has no entry in pdctl_pools (known: %s)"
+                        % (host, pool, ", ".join(sorted(pools)) or "none"))
+        return None
+    tp = _as_int(spec.get("tensor_parallel_size", 1), "%s: pdctl_pools.%s.tensor_parallel_size" % (host, pool), problems)
+    dp = _as_int(spec.get("data_parallel_size", 1), "%s: pdctl_pools.%s.data_parallel_size" % (host, pool), problems)
+    if tp is None or dp is None:
+        return None
+    if tp < 1 or dp < 1:
+        problems.append("%s: pool %s needs tensor_parallel_size and data_parallel_size >= 1, found TP%d DP%d"
+                        % (host, pool, tp, dp))
+        return None
+    return tp, dp
+
+
+def _port_table(hostvars, host, problems):
+    ports = hostvars.get("pdctl_ports") or {}
+    out = {}
+    for key in ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics"):
+        if key not in ports:
+            problems.append("%s: pdctl_ports.%s is not set" % (host, key))
+            continue
+        out[key] = _as_int(ports[key], "%s: pdctl_ports.%s" % (host, key), problems)
+    return out
+
+
+def _plan_host(host, hostvars, groups, counters, problems):
+    """Place the host's instances on its GPUs and ports; return instance dicts."""
+    raw = hostvars.get("pdctl_instances") or []
+    if not isinstance(raw, list):
+        problems.append("%s: pdctl_instances must be a list, found %s" % (host, type(raw).__name__))
+        return []
+    gpu_count = _as_int(hostvars.get("pdctl_gpu_count", 0), "%s: pdctl_gpu_count" % host, problems)
+    ports = _port_table(hostvars, host, problems)
+    if gpu_count is None or None in ports.values() or len(ports) < 5:
+        return []
+    address = host_address(host, hostvars)
+    model = hostvars.get("pdctl_model_path")
+    vllm_version = (hostvars.get("pdctl_versions") or {}).get("vllm")
+    next_gpu = 0
+    next_side = ports["side_channel_base"]
+    instances = []
+    for slot, entry in enumerate(raw):
+        where = "%s instance #%d" % (host, slot)
+        if not isinstance(entry, dict):
+            problems.append("%s: must be a mapping with a 'pool' key, found %r" % (where, entry))
+            continue
+        unknown = set(entry) - {"pool", "name", "gpus", "api_port", "side_channel_port", "dp_rpc_port"}
+        if unknown:
+            problems.append("%s: unknown keys %s" % (where, ", ".join(sorted(unknown))))
+            continue
+        pool = entry.get("pool")
+        if pool not in KNOWN_POOLS:
+            problems.append("%s: unknown pool %r (known pools: %s)" % (where, pool, ", ".join(KNOWN_POOLS)))
+            continue
+        if pool not in groups:
+            problems.append("%s: a %s instance on a host that is not in the %s group" % (where, pool, pool))
+            continue
+        settings = _pool_settings(host, hostvars, pool, problems)
+        if settings is None:
+            continue
+        tp, dp = settings
+        name = str(entry.get("name") or "%s-%d" % (pool, counters[pool]))
+        counters[pool] += 1
+        where = "%s %s" % (host, name)
+        if "gpus" in entry:
+            gpus = _gpu_list(entry["gpus"], "%s: gpus" % where, problems)
+            if gpus is None:
+                continue
+        else:
+            gpus = list(range(next_gpu, next_gpu + tp * dp))
+        next_gpu = max(gpus, default=next_gpu - 1) + 1
+        if len(gpus) != tp * dp:
+            problems.append("%s: %d GPUs (%s) but TP%d x DP%d needs %d"
+                            % (where, len(gpus), _mask(gpus), tp, dp, tp * dp))
+        beyond = [g for g in gpus if g < 0 or g >= gpu_count]
+        if beyond:
+            problems.append("%s: GPUs %s are beyond the host's %d GPUs (0-%d)"
+                            % (where, _mask(beyond), gpu_count, gpu_count - 1))
+        side = _as_int(entry.get("side_channel_port", next_side), "%s: side_channel_port" % where, problems)
+        api = _as_int(entry.get("api_port", ports["api_base"] + slot), "%s: api_port" % where, problems)
+        rpc = _as_int(entry.get("dp_rpc_port", ports["dp_rpc_base"] + slot), "%s: dp_rpc_port" % where, problems)
+        if None in (side, api, rpc):
+            continue
+        next_side = side + dp
+        instances.append({
+            "name": name,
+            "host": host,
+            "pool": pool,
+            "address": address,
+            "gpus": gpus,
+            "cuda_visible_devices": ",".join(str(g) for g in gpus),
+            "tensor_parallel_size": tp,
+            "data_parallel_size": dp,
+            "api_port": api,
+            "url": "http://%s:%d" % (address, api),
+            "side_channel_host": address,
+            "side_channel_port": side,
+            "side_channel_ports": [side, side + dp - 1],
+            "dp_rpc_port": rpc,
+            "model_path": model,
+            "vllm_version": vllm_version,
+            "unit": "pdctl-vllm-%s.service" % name,
+        })
+    _check_host_clashes(host, instances, ports if ROUTER_GROUP in groups else None, problems)
+    return instances
+
+
+def _mask(gpus):
+    return ",".join(str(g) for g in gpus)
+
+
+def _check_host_clashes(host, instances, router_ports, problems):
+    # GPU overlap between instances on one host.
+    owner = {}
+    for inst in instances:
+        for gpu in inst["gpus"]:
+            if gpu in owner:
+                problems.append("%s: GPU %d is in both %s and %s" % (host, gpu, owner[gpu], inst["name"]))
+            owner.setdefault(gpu, inst["name"])
+    # Every listening port on the host, with who holds it.
+    claims = []
+    for inst in instances:
+        claims.append((inst["api_port"], inst["api_port"], "%s API port" % inst["name"]))
+        lo, hi = inst["side_channel_ports"]
+        claims.append((lo, hi, "%s NIXL side-channel range" % inst["name"]))
+        claims.append((inst["dp_rpc_port"], inst["dp_rpc_port"], "%s DP RPC port" % inst["name"]))
+    if router_ports is not None:
+        claims.append((router_ports["router"], router_ports["router"], "router port"))
+        claims.append((router_ports["router_metrics"], router_ports["router_metrics"], "router metrics port"))
+    for i, (lo_a, hi_a, who_a) in enumerate(claims):
+        if not 1 <= lo_a <= hi_a <= 65535:
+            problems.append("%s: %s %s is outside 1-65535" % (host, who_a, _span(lo_a, hi_a)))
+        for lo_b, hi_b, who_b in claims[i + 1:]:
+            if lo_a <= hi_b and lo_b <= hi_a:
+                problems.append("%s: port clash: %s %s overlaps %s %s"
+                                % (host, who_a, _span(lo_a, hi_a), who_b, _span(lo_b, hi_b)))
+
+
+def _span(lo, hi):
+    return str(lo) if lo == hi else "%d-%d" % (lo, hi)
+
+
+def build_plan(hosts):
+    """Compute and validate the serving plan.
+
+    hosts: {name: {"groups": [group, ...], "vars": {merged host variables}}}
+    Returns the plan dict; raises PlanError listing every problem found.
+    """
+    problems = []
+    if not isinstance(hosts, dict) or not hosts:
+        raise PlanError(["the inventory has no hosts"])
+    counters = {pool: 0 for pool in KNOWN_POOLS}
+    instances = []
+    seen_addresses = {}
+    for host in sorted(hosts, key=_natural_key):
+        groups = set(hosts[host].get("groups") or [])
+        hostvars = hosts[host].get("vars") or {}
+        serving = groups & (set(KNOWN_POOLS) | {ROUTER_GROUP})
+        if not serving:
+            continue
+        address = host_address(host, hostvars)
+        if address in seen_addresses:
+            problems.append("duplicate host: %s and %s both point at %s" % (seen_addresses[address], host, address))
+        seen_addresses.setdefault(address, host)
+        instances.extend(_plan_host(host, hostvars, groups, counters, problems))
+
+    by_pool = {pool: [i for i in instances if i["pool"] == pool] for pool in KNOWN_POOLS}
+    for pool in KNOWN_POOLS:
+        if not by_pool[pool] and not any("%s instance" % pool in p for p in problems):
+            problems.append("no %s instance: P/D needs at least one prefill and one decode instance "
+                            "(check the %s group and its pdctl_instances)" % (pool, pool))
+    if by_pool["prefill"] and by_pool["decode"]:
+        max_p = max(by_pool["prefill"], key=lambda i: i["tensor_parallel_size"])
+        min_d = min(by_pool["decode"], key=lambda i: i["tensor_parallel_size"])
+        if max_p["tensor_parallel_size"] > min_d["tensor_parallel_size"]:
+            problems.append("%s %s: prefill TP%d is larger than decode %s %s TP%d (NIXL needs prefill TP <= decode TP)"
+                            % (max_p["host"], max_p["name"], max_p["tensor_parallel_size"],
+                               min_d["host"], min_d["name"], min_d["tensor_parallel_size"]))
+        for key, label in (("model_path", "model"), ("vllm_version", "vLLM version")):
+            values = sorted({str(i[key]) for i in instances})
+            if len(values) > 1:
+                detail = ", ".join("%s %s=%s" % (i["host"], i["name"], i[key]) for i in instances)
+                problems.append("prefill and decode must serve the same %s, found %s (%s)"
+                                % (label, " vs ".join(values), detail))
+            elif values == ["None"]:
+                problems.append("no %s set (pdctl_%s)" % (label, "model_path" if key == "model_path" else "versions.vllm"))
+
+    routers = sorted((h for h in hosts if ROUTER_GROUP in (hosts[h].get("groups") or [])), key=_natural_key)
+    if len(routers) != 1:
+        problems.append("the %s group must hold exactly one host, found %d (%s)"
+                        % (ROUTER_GROUP, len(routers), ", ".join(routers) or "none"))
+    if problems:
+        raise PlanError(problems)
+
+    router_host = routers[0]
+    router_vars = hosts[router_host].get("vars") or {}
+    router_ports = router_vars["pdctl_ports"]
+    router = {
+        "host": router_host,
+        "address": host_address(router_host, router_vars),
+        "port": int(router_ports["router"]),
+        "metrics_port": int(router_ports["router_metrics"]),
+        "url": "http://%s:%d" % (host_address(router_host, router_vars), int(router_ports["router"])),
+        "prefill_urls": [i["url"] for i in by_pool["prefill"]],
+        "decode_urls": [i["url"] for i in by_pool["decode"]],
+    }
+    return {
+        "instances": instances,
+        "router": router,
+        "model_path": instances[0]["model_path"],
+        "vllm_version": instances[0]["vllm_version"],
+        "hosts": sorted({i["host"] for i in instances} | {router_host}, key=_natural_key),
+    }
+
+
+def _natural_key(name):
+    out = []
+    chunk = ""
+    for ch in str(name):
+        if ch.isdigit() != chunk[-1:].isdigit() and chunk:
+            out.append(int(chunk) if chunk.isdigit() else chunk)
+            chunk = ""
+        chunk += ch
+    if chunk:
+        out.append(int(chunk) if chunk.isdigit() else chunk)
+    return [(0, x) if isinstance(x, int) else (1, x) for x in out]
+
+
+def instances_on(plan, host):
+    return [i for i in plan["instances"] if i["host"] == host]
+
+
+def format_table(plan):
+    """Human-readable plan, one row per serving instance, then the router."""
+    header = ("INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL SIDE CHANNEL", "DP RPC")
+    rows = [header]
+    for i in plan["instances"]:
+        lo, hi = i["side_channel_ports"]
+        rows.append((i["name"], i["host"], i["pool"], i["cuda_visible_devices"],
+                     "%dx%d" % (i["tensor_parallel_size"], i["data_parallel_size"]),
+                     str(i["api_port"]), "%s:%s" % (i["side_channel_host"], _span(lo, hi)), str(i["dp_rpc_port"])))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip() for row in rows]
+    r = plan["router"]
+    lines.append("")
+    lines.append("router: %s on %s (metrics :%d)" % (r["url"], r["host"], r["metrics_port"]))
+    lines.append("  prefill upstreams: %s" % " ".join(r["prefill_urls"]))
+    lines.append("  decode upstreams:  %s" % " ".join(r["decode_urls"]))
+    lines.append("model: %s   vLLM: %s" % (plan["model_path"], plan["vllm_version"]))
+    return "\n".join(lines)
+
+
+def to_json(plan):
+    return json.dumps(plan, indent=2, sort_keys=True)

@@ -1,0 +1,52 @@
+"""The `pdctl` command: operator-facing entry points."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pdctl import repo
+
+EXIT_INVALID = 2  # the inventory (or other input) was rejected before anything changed
+
+
+def _cmd_plan(args) -> int:
+    from pdctl import inventory
+
+    topology = repo.module_util("pdctl_topology")
+    try:
+        plan = inventory.plan(args.inventory)
+    except inventory.InventoryError as exc:
+        print("pdctl plan: %s" % exc, file=sys.stderr)
+        return EXIT_INVALID
+    except topology.PlanError as exc:
+        print("pdctl plan: %s is invalid (%d problem%s):" % (args.inventory, len(exc.problems),
+                                                           "" if len(exc.problems) == 1 else "s"), file=sys.stderr)
+        for problem in exc.problems:
+            print("  - %s" % problem, file=sys.stderr)
+        return EXIT_INVALID
+    print(topology.to_json(plan) if args.json else topology.format_table(plan))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="compute and validate the serving plan of an inventory")
+    p.add_argument("-i", "--inventory", required=True)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
+
+    from pdctl.lab import cli as lab_cli
+
+    lab_cli.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

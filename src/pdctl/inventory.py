@@ -1,0 +1,52 @@
+"""Read an Ansible inventory the way ansible-playbook does (group_vars, host_vars, vault), offline."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pdctl import repo
+
+
+class InventoryError(Exception):
+    pass
+
+
+def load(inventory: str | os.PathLike) -> dict:
+    """Return {host: {"groups": [...], "vars": {...}}} with every variable templated.
+
+    Vault-encrypted values are left encrypted (never decrypted here): the planner needs none.
+    """
+    path = Path(inventory)
+    if not path.exists():
+        raise InventoryError("inventory %s does not exist" % path)
+    os.environ.setdefault("ANSIBLE_CONFIG", str(repo.root() / "ansible.cfg"))
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    try:
+        inv = InventoryManager(loader=loader, sources=[str(path)])
+        variables = VariableManager(loader=loader, inventory=inv)
+        hosts = {}
+        for host in inv.get_hosts():
+            hv = variables.get_vars(host=host, include_hostvars=False)
+            templar = Templar(loader=loader, variables=hv)
+            wanted = {k: v for k, v in hv.items() if k.startswith("pdctl_") or k in ("ansible_host",)}
+            hosts[host.name] = {
+                "groups": sorted(g.name for g in host.get_groups() if g.name != "all"),
+                "vars": templar.template(wanted),
+            }
+    except AnsibleError as exc:
+        raise InventoryError("cannot read inventory %s: %s" % (path, exc)) from exc
+    if not hosts:
+        raise InventoryError("inventory %s has no hosts" % path)
+    return hosts
+
+
+def plan(inventory: str | os.PathLike) -> dict:
+    """Load the inventory and compute the serving plan (raises the planner's PlanError)."""
+    topology = repo.module_util("pdctl_topology")
+    return topology.build_plan(load(inventory))
