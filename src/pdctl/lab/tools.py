@@ -1,0 +1,84 @@
+"""Fetch the real client and router the lab tests run against.
+
+- ``ensure_vllm_rs(cache_dir)``: the standalone Rust benchmark client shipped inside the
+  vllm==0.33.0 wheel (``vllm/vllm-rs``). The wheel is downloaded once with
+  ``pip download --no-deps`` and only that one member is extracted.
+- ``ensure_vllm_router(cache_dir)``: a virtualenv holding vllm-router==0.1.17.
+
+Both are idempotent: once the binary exists, nothing touches the network.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+VLLM_VERSION = "0.33.0"
+VLLM_ROUTER_VERSION = "0.1.17"
+DEFAULT_CACHE = Path.home() / ".cache" / "pdctl" / "tools"
+
+
+def _cache(cache_dir) -> Path:
+    path = Path(cache_dir or os.environ.get("PDCTL_TOOLS_CACHE") or DEFAULT_CACHE)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def ensure_vllm_rs(cache_dir=None) -> Path:
+    """Return the path of ``vllm-rs`` from the vllm wheel, downloading the wheel once."""
+    cache = _cache(cache_dir)
+    binary = cache / f"vllm-{VLLM_VERSION}" / "vllm-rs"
+    if binary.exists():
+        return binary
+    wheels = cache / "wheels"
+    wheel = _find_wheel(wheels)
+    if wheel is None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--dest", str(wheels), f"vllm=={VLLM_VERSION}"],
+            check=True,
+        )
+        wheel = _find_wheel(wheels)
+        if wheel is None:
+            raise RuntimeError(f"pip download left no vllm {VLLM_VERSION} wheel in {wheels}")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as zf, zf.open("vllm/vllm-rs") as src, open(tmp, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    tmp.replace(binary)
+    return binary
+
+
+def _find_wheel(wheels: Path):
+    found = sorted(wheels.glob(f"vllm-{VLLM_VERSION}-*.whl")) if wheels.exists() else []
+    return found[0] if found else None
+
+
+def ensure_vllm_router(cache_dir=None) -> Path:
+    """Return the path of the ``vllm-router`` binary in a dedicated virtualenv."""
+    cache = _cache(cache_dir)
+    env = cache / f"vllm-router-{VLLM_ROUTER_VERSION}"
+    binary = env / "bin" / "vllm-router"
+    if binary.exists():
+        return binary
+    if not (env / "bin" / "python").exists():
+        venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    subprocess.run(
+        [str(env / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+         f"vllm-router=={VLLM_ROUTER_VERSION}"],
+        check=True,
+    )
+    if not binary.exists():
+        raise RuntimeError(f"vllm-router {VLLM_ROUTER_VERSION} installed no {binary}")
+    return binary
+
+
+if __name__ == "__main__":  # python -m pdctl.lab.tools
+    print(ensure_vllm_rs())
+    print(ensure_vllm_router())
