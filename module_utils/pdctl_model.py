@@ -538,9 +538,9 @@ def _reuse_index(lay):
         manifest = lay.current_manifest()
     except ModelError:
         return {}
-    if not manifest:
-        return {}
-    root = lay.version_dir(manifest["revision"])
+    root = manifest and lay.version_dir(manifest["revision"])
+    if not manifest or not fast_check(root, manifest, lay.marker_path(manifest["revision"])):
+        return {}     # only reuse a version whose marker still vouches for it
     return {(f["path"], f["size"], f.get("sha256")): os.path.join(root, f["path"])
             for f in manifest["files"] if f.get("sha256")}
 
@@ -610,11 +610,18 @@ def sync(served_path, source, revision, token=None, hub_endpoint=DEFAULT_HUB, ch
     lay = Layout(served_path)
     label = source
     result = {"changed": False, "path": lay.served, "revision": revision, "bytes_from_source": 0}
-    current = status(served_path, revision)
+    current = status(served_path, revision, workers=workers)
     result["previous_revision"] = current["current_revision"]
     if current["verified"]:
+        if current["checked"] == "full" and not check_mode:
+            # Content is right but the marker was stale (e.g. touched mtimes): refresh it so the
+            # next run is a fast no-op again. Bookkeeping only, the served bytes did not change.
+            write_marker(lay.marker_path(revision), lay.version_dir(revision),
+                         load_manifest(lay.manifest_path(revision)))
         result.update(manifest_digest=current["manifest_digest"], size=current["size"], state="current")
         return result
+    if current["current_revision"] == revision and current.get("manifest_digest"):
+        return _repair(lay, source, revision, token, hub_endpoint, current, result, check_mode, jobs, emit)
     src = open_source(source, revision, token, hub_endpoint)
     label = src.label
     result["source"] = label
@@ -702,6 +709,45 @@ def sync(served_path, source, revision, token=None, hub_endpoint=DEFAULT_HUB, ch
     if switch:
         lay.switch(revision)
     result["manifest_digest"] = manifest_digest(manifest)
+    return result
+
+
+def _repair(lay, source, revision, token, hub_endpoint, current, result, check_mode, jobs, emit):
+    """The served revision has damaged files: fetch just those again and rename each into place."""
+    manifest = load_manifest(lay.manifest_path(revision))
+    bad = sorted({p.split(": ", 1)[0] for p in current["problems"]})
+    result.update(changed=True, state="would_repair" if check_mode else "repaired", problems=current["problems"],
+                  files_to_fetch=bad, manifest_digest=manifest_digest(manifest), size=total_size(manifest))
+    src = open_source(source, revision, token, hub_endpoint)
+    result["source"] = src.label
+    if check_mode:
+        return result
+    if isinstance(src, HubSource):
+        src.manifest(revision)      # resolves the commit the files are fetched from
+    unknown = [rel for rel in bad if rel not in {f["path"] for f in manifest["files"]}]
+    if unknown:
+        raise ModelError("%s holds files that revision %s does not list: %s; remove them"
+                         % (lay.version_dir(revision), revision, ", ".join(unknown)), current["problems"])
+    subset = make_manifest(revision, [f for f in manifest["files"] if f["path"] in bad])
+    plan = plan_fill(lay, subset)
+    staging = lay.staging_dir(revision)
+    counter = _Counter()
+    progress = Progress("repair %s from %s" % (revision, src.label), sum(p["need"] for p in plan), emit)
+    try:
+        hashed = {p: (s, g, n) for p, s, g, n in
+                  (_fill_one(src, staging, item, progress, counter) for item in plan)}
+    finally:
+        result["bytes_from_source"] = counter.n
+        lay.log_transfer({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source": src.label,
+                          "revision": revision, "bytes_from_source": counter.n, "repair": bad})
+    problems = _check_hashes(subset, hashed)
+    if problems:
+        raise ModelError("repair of revision %s from %s failed verification" % (revision, src.label), problems)
+    for rel in bad:
+        os.chmod(os.path.join(staging, rel), 0o444)
+        os.replace(os.path.join(staging, rel), os.path.join(lay.version_dir(revision), rel))
+    shutil.rmtree(staging, ignore_errors=True)
+    write_marker(lay.marker_path(revision), lay.version_dir(revision), manifest)
     return result
 
 
