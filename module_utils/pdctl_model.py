@@ -386,7 +386,10 @@ class DirSource:
         return make_manifest(revision, files, source=self.root)
 
     def open(self, rel, offset):
-        fh = open(os.path.join(self.root, rel), "rb", buffering=0)
+        try:
+            fh = open(os.path.join(self.root, rel), "rb", buffering=0)
+        except OSError as exc:
+            raise ModelError("%s: missing from source %s (%s)" % (rel, self.root, exc.strerror))
         fh.seek(offset)
         return fh, offset
 
@@ -433,9 +436,9 @@ class HttpSource:
         try:
             resp = urlopen(self._request(url, offset), timeout=self.timeout)
         except HTTPError as exc:
-            raise self._error(exc, url)
+            raise ModelError("%s: %s" % (rel, self._error(exc, url)))
         except (URLError, OSError) as exc:
-            raise ModelError("cannot read %s: %s" % (redact(url), getattr(exc, "reason", exc)))
+            raise ModelError("%s: cannot read %s: %s" % (rel, redact(url), getattr(exc, "reason", exc)))
         if offset and resp.status != 206:
             return resp, 0        # server ignored the range: restart the file from byte 0
         return resp, offset
