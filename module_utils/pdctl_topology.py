@@ -22,6 +22,9 @@ from __future__ import annotations
 import json
 
 KNOWN_POOLS = ("prefill", "decode")
+# The inventory variables the planner reads (the CLI and the filter pass exactly these).
+PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
+             "pdctl_versions", "pdctl_advertise_address", "ansible_host")
 ROUTER_GROUP = "router"
 
 

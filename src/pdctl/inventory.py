@@ -26,6 +26,7 @@ def load(inventory: str | os.PathLike) -> dict:
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
+    topology = repo.module_util("pdctl_topology")
     loader = DataLoader()
     try:
         inv = InventoryManager(loader=loader, sources=[str(path)])
@@ -34,7 +35,7 @@ def load(inventory: str | os.PathLike) -> dict:
         for host in inv.get_hosts():
             hv = variables.get_vars(host=host, include_hostvars=False)
             templar = Templar(loader=loader, variables=hv)
-            wanted = {k: v for k, v in hv.items() if k.startswith("pdctl_") or k in ("ansible_host",)}
+            wanted = {k: v for k, v in hv.items() if k in topology.PLAN_VARS}
             hosts[host.name] = {
                 "groups": sorted(g.name for g in host.get_groups() if g.name != "all"),
                 "vars": templar.template(wanted),

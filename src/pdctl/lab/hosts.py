@@ -1,0 +1,208 @@
+"""The lab's three test hosts: systemd containers on a private podman network, reached over SSH.
+
+`pdctl lab up` builds a Debian 12 image once (debootstrap, cached by content), stages the lab's
+artifact store, starts one container per host in inventories/lab, and waits until each answers
+SSH. It detects this machine's container quirks (cgroup v1 needs runc; no CAP_SYS_RESOURCE needs
+explicit rlimits at or below the hard limits) instead of hard-coding them.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdctl import repo
+from pdctl.lab import image, store
+
+NETWORK = "pdctl-lab"
+SUBNET = "10.89.64.0/24"
+ADMIN_USER = "pdctl-admin"
+LABEL = "io.pdctl.lab=1"
+CAP_SYS_RESOURCE = 24
+MODEL_MOUNT = "/mnt/model"
+
+
+@dataclass
+class LabHost:
+    name: str
+    address: str
+
+
+def lab_dir() -> Path:
+    d = repo.root() / ".lab"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def inventory_path() -> Path:
+    return repo.root() / "inventories" / "lab"
+
+
+def lab_hosts() -> list[LabHost]:
+    from pdctl import inventory
+
+    hosts = inventory.load(inventory_path())
+    return [LabHost(name, str(h["vars"]["ansible_host"])) for name, h in sorted(hosts.items())]
+
+
+def step(msg: str):
+    print("lab: %s" % msg, flush=True)
+
+
+def run(cmd, check=True, capture=True, **kw):
+    res = subprocess.run(cmd, text=True, capture_output=capture, **kw)
+    if check and res.returncode != 0:
+        raise LabError("%s failed (exit %d): %s" % (" ".join(map(str, cmd[:4])), res.returncode,
+                                                    (res.stderr or res.stdout or "").strip()[-2000:]))
+    return res
+
+
+class LabError(Exception):
+    pass
+
+
+# -- quirk detection ------------------------------------------------------------------------
+
+def _cgroup_v2_only() -> bool:
+    return Path("/sys/fs/cgroup/cgroup.controllers").exists()
+
+
+def _has_capability(bit: int) -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
+def container_options() -> list[str]:
+    """podman run options this machine needs (empty on a normal cgroup-v2 workstation)."""
+    opts = []
+    if not _cgroup_v2_only():
+        # crun refuses cgroup v1/hybrid hosts ("cgroups in hybrid mode not supported").
+        if not shutil.which("runc"):
+            raise LabError("this machine uses cgroup v1 and needs the runc runtime: apt-get install runc")
+        opts += ["--runtime", "runc"]
+    if not _has_capability(CAP_SYS_RESOURCE):
+        # Without CAP_SYS_RESOURCE runc cannot raise rlimits: ask for no more than the hard limits.
+        for name, res_id, wanted in (("nofile", resource.RLIMIT_NOFILE, 16384), ("nproc", resource.RLIMIT_NPROC, 8192)):
+            hard = resource.getrlimit(res_id)[1]
+            value = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            opts += ["--ulimit", "%s=%d:%d" % (name, value, value)]
+    return opts
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+def _ssh_key() -> Path:
+    key = lab_dir() / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(mode=0o700, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "pdctl-lab", "-f", str(key)])
+    return key
+
+
+def _container_state(name: str) -> str | None:
+    res = run(["podman", "container", "inspect", "--format", "{{.State.Status}}", name], check=False)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def _ensure_network():
+    if run(["podman", "network", "exists", NETWORK], check=False).returncode != 0:
+        run(["podman", "network", "create", "--subnet", SUBNET, "--label", LABEL, NETWORK])
+
+
+def _wait_ssh(host: LabHost, key: Path, known_hosts: Path, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    cmd = ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+           "-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=%s" % known_hosts,
+           "%s@%s" % (ADMIN_USER, host.address), "sudo -n true"]
+    while True:
+        res = run(cmd, check=False)
+        if res.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise LabError("%s (%s) does not answer SSH after %ds: %s"
+                           % (host.name, host.address, timeout, res.stderr.strip()[-500:]))
+        time.sleep(1)
+
+
+def up() -> int:
+    t0 = time.monotonic()
+    try:
+        for tool in ("podman", "debootstrap", "ssh", "ssh-keygen"):
+            if not shutil.which(tool):
+                raise LabError("%s is not installed (run scripts/bootstrap)" % tool)
+        hosts = lab_hosts()
+        opts = container_options()
+        step("container options for this machine: %s" % (" ".join(opts) or "none needed"))
+        key = _ssh_key()
+        tag = image.ensure(opts)
+        _ensure_network()
+        known_hosts = lab_dir() / "ssh" / "known_hosts"
+        started = []
+        for host in hosts:
+            state = _container_state(host.name)
+            if state == "running":
+                continue
+            if state is not None:
+                run(["podman", "rm", "-f", host.name])
+            # A real filesystem at the model path, as production hosts have (NVMe array at /mnt/model).
+            model_volume = lab_dir() / "volumes" / host.name / "model"
+            model_volume.mkdir(parents=True, exist_ok=True)
+            run(["podman", "run", "-d", "--name", host.name, "--hostname", host.name,
+                 "--label", LABEL, "--network", NETWORK, "--ip", host.address, "--systemd", "always",
+                 *opts,
+                 "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro,Z" % (key, ADMIN_USER),
+                 "-v", "%s:%s:Z" % (model_volume, MODEL_MOUNT),
+                 tag, "/sbin/init"])
+            started.append(host.name)
+        if started:
+            step("started %s" % ", ".join(started))
+            known_hosts.unlink(missing_ok=True)
+        # The store binds to the network's gateway, which exists once a container is attached.
+        store.ensure_started(lab_dir())
+        for host in hosts:
+            _wait_ssh(host, key, known_hosts)
+        step("%d hosts up in %.1fs: %s" % (len(hosts), time.monotonic() - t0,
+                                          ", ".join("%s=%s" % (h.name, h.address) for h in hosts)))
+        return 0
+    except LabError as exc:
+        print("pdctl lab up: %s" % exc, file=sys.stderr)
+        return 1
+
+
+def down() -> int:
+    for host in lab_hosts():
+        if _container_state(host.name) is not None:
+            run(["podman", "rm", "-f", "-t", "5", host.name])
+            step("removed %s" % host.name)
+    if run(["podman", "network", "exists", NETWORK], check=False).returncode == 0:
+        run(["podman", "network", "rm", NETWORK])
+    store.stop(lab_dir())
+    shutil.rmtree(lab_dir() / "volumes", ignore_errors=True)
+    (lab_dir() / "ssh" / "known_hosts").unlink(missing_ok=True)
+    step("down (the image stays cached; `podman image rm` it to rebuild)")
+    return 0
+
+
+def status() -> int:
+    rows = [("HOST", "ADDRESS", "CONTAINER", "SYSTEMD")]
+    all_running = True
+    for host in lab_hosts():
+        state = _container_state(host.name) or "absent"
+        systemd = "-"
+        if state == "running":
+            res = run(["podman", "exec", host.name, "systemctl", "is-system-running"], check=False)
+            systemd = res.stdout.strip() or "unknown"
+        all_running &= state == "running"
+        rows.append((host.name, host.address, state, systemd))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
+    print("artifact store: %s" % store.describe(lab_dir()))
+    return 0 if all_running else 3

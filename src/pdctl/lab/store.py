@@ -1,0 +1,124 @@
+"""The lab's artifact store: staged on the controller, served to the test hosts on the lab network.
+
+Debian packages: the roles declare what they install per OS in roles/*/vars/Debian.yml (keys
+ending in `_packages`); the lab resolves exactly those against the pristine image root, so the
+repository holds each package plus the dependencies the image lacks, and nothing else.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from pdctl import repo
+from pdctl.lab import image
+
+GATEWAY = "10.89.64.1"  # the lab network's gateway: this machine, as the test hosts see it
+PORT = 8780
+
+
+def declared_debian_packages() -> list[str]:
+    names = set()
+    for path in sorted(repo.root().glob("roles/*/vars/Debian*.yml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        for key, value in data.items():
+            if key.endswith("_packages") and isinstance(value, list):
+                names.update(str(v) for v in value)
+    return sorted(names)
+
+
+def stage_apt(store_dir: Path) -> Path:
+    """Build a flat apt repository (Packages, Release) of the declared packages under store/apt."""
+    packages = declared_debian_packages()
+    root = image.base_rootfs()
+    key = hashlib.sha256(("\0".join([root.name] + packages)).encode()).hexdigest()[:12]
+    staged = image.cache_dir() / ("apt-" + key)
+    if not (staged / "Release").exists():
+        t0 = time.monotonic()
+        archives = root / "var/cache/pdctl-stage"
+        shutil.rmtree(archives, ignore_errors=True)
+        (archives / "partial").mkdir(parents=True)
+        if packages:
+            subprocess.run(["chroot", str(root), "apt-get", "install", "-y", "-qq", "--download-only",
+                            "--no-install-recommends", "-o", "Dir::Cache::Archives=/var/cache/pdctl-stage",
+                            *packages], check=True, stdout=subprocess.DEVNULL)
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir()
+        for deb in archives.glob("*.deb"):
+            shutil.move(str(deb), staged / deb.name)
+        shutil.rmtree(archives)
+        with open(staged / "Packages", "w") as out:
+            subprocess.run(["apt-ftparchive", "packages", "."], cwd=staged, check=True, stdout=out)
+        release = subprocess.run(["apt-ftparchive", "release", "."], cwd=staged, check=True,
+                                 capture_output=True, text=True).stdout
+        (staged / "Release").write_text(release)
+        print("lab: staged %d Debian packages (%d .deb with dependencies) in %.1fs"
+              % (len(packages), len(list(staged.glob("*.deb"))), time.monotonic() - t0), flush=True)
+    target = store_dir / "apt"
+    if target.is_symlink() or target.exists():
+        if target.is_symlink() and os.readlink(target) == str(staged):
+            return target
+        target.unlink() if target.is_symlink() else shutil.rmtree(target)
+    target.symlink_to(staged)
+    return target
+
+
+def _pidfile(lab_dir: Path) -> Path:
+    return lab_dir / "store.pid"
+
+
+def _running_pid(lab_dir: Path) -> int | None:
+    try:
+        pid = int(_pidfile(lab_dir).read_text())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+
+
+def url() -> str:
+    return "http://%s:%d" % (GATEWAY, PORT)
+
+
+def ensure_started(lab_dir: Path):
+    store_dir = lab_dir / "store"
+    store_dir.mkdir(exist_ok=True)
+    stage_apt(store_dir)
+    if _running_pid(lab_dir):
+        return
+    log = open(lab_dir / "store.log", "ab")  # noqa: SIM115 - handed to the server process
+    proc = subprocess.Popen([sys.executable, "-m", "pdctl.store", "--dir", str(store_dir),
+                             "--bind", GATEWAY, "--port", str(PORT)],
+                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    _pidfile(lab_dir).write_text(str(proc.pid))
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            urllib.request.urlopen(url() + "/apt/Release", timeout=2).close()
+            break
+        except OSError as exc:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("artifact store did not start on %s: %s (see %s)"
+                                   % (url(), exc, lab_dir / "store.log")) from exc
+            time.sleep(0.2)
+    print("lab: artifact store %s serving %s" % (url(), store_dir), flush=True)
+
+
+def stop(lab_dir: Path):
+    pid = _running_pid(lab_dir)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+    _pidfile(lab_dir).unlink(missing_ok=True)
+
+
+def describe(lab_dir: Path) -> str:
+    pid = _running_pid(lab_dir)
+    return "%s (pid %d, %s)" % (url(), pid, lab_dir / "store") if pid else "not running"
