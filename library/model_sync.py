@@ -106,7 +106,7 @@ previous_revision:
   type: str
   returned: always
   sample: null
-state:
+action:
   description: current (nothing to do), filled, switched (revision was already staged), repaired, or would_* in check mode.
   type: str
   returned: always
@@ -150,7 +150,6 @@ problems:
   sample: ["model-00002-of-00083.safetensors: sha256 expected 3a..., found 9c..."]
 """
 
-import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback

@@ -621,7 +621,7 @@ def sync(served_path, source, revision, token=None, hub_endpoint=DEFAULT_HUB, ch
             # next run is a fast no-op again. Bookkeeping only, the served bytes did not change.
             write_marker(lay.marker_path(revision), lay.version_dir(revision),
                          load_manifest(lay.manifest_path(revision)))
-        result.update(manifest_digest=current["manifest_digest"], size=current["size"], state="current")
+        result.update(manifest_digest=current["manifest_digest"], size=current["size"], action="current")
         return result
     if current["current_revision"] == revision and current.get("manifest_digest"):
         return _repair(lay, source, revision, token, hub_endpoint, current, result, check_mode, jobs, emit)
@@ -630,7 +630,7 @@ def sync(served_path, source, revision, token=None, hub_endpoint=DEFAULT_HUB, ch
     result["source"] = label
     if check_mode and isinstance(src, HttpSource) and not isinstance(src, HubSource):
         # A fan-out server only runs for real; report the change without contacting it.
-        result.update(changed=True, state="would_fill")
+        result.update(changed=True, action="would_fill")
         return result
     manifest = src.manifest(revision)
     revision = manifest["revision"] if isinstance(src, HubSource) else revision
@@ -653,7 +653,7 @@ def sync(served_path, source, revision, token=None, hub_endpoint=DEFAULT_HUB, ch
     if os.path.isdir(vdir) and os.path.exists(lay.manifest_path(revision)):
         have_manifest = load_manifest(lay.manifest_path(revision))
         if _same_content(have_manifest, manifest) and fast_check(vdir, have_manifest, lay.marker_path(revision)):
-            result.update(changed=True, state="switched", manifest_digest=manifest_digest(have_manifest))
+            result.update(changed=True, action="switched", manifest_digest=manifest_digest(have_manifest))
             if not check_mode and switch:
                 lay.switch(revision)
             return result
@@ -670,7 +670,7 @@ def sync(served_path, source, revision, token=None, hub_endpoint=DEFAULT_HUB, ch
         raise ModelError("not enough free space on the filesystem of %s for revision %s: need %s "
                          "(%s to fetch + %d%% margin), found %s free"
                          % (probe, revision, gib(wanted), gib(need), margin_pct, gib(free)))
-    result.update(changed=True, state="would_fill" if check_mode else "filled")
+    result.update(changed=True, action="would_fill" if check_mode else "filled")
     if check_mode:
         return result
 
@@ -719,7 +719,7 @@ def _repair(lay, source, revision, token, hub_endpoint, current, result, check_m
     """The served revision has damaged files: fetch just those again and rename each into place."""
     manifest = load_manifest(lay.manifest_path(revision))
     bad = sorted({p.split(": ", 1)[0] for p in current["problems"]})
-    result.update(changed=True, state="would_repair" if check_mode else "repaired", problems=current["problems"],
+    result.update(changed=True, action="would_repair" if check_mode else "repaired", problems=current["problems"],
                   files_to_fetch=bad, manifest_digest=manifest_digest(manifest), size=total_size(manifest))
     src = open_source(source, revision, token, hub_endpoint)
     result["source"] = src.label

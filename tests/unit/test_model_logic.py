@@ -60,13 +60,13 @@ def test_sync_from_mirror_then_noop_reads_nothing(models, tmp_path, monkeypatch)
     root, info = models["a"]
     path = served(tmp_path)
     r = pdm.sync(path, root, info["revision"])
-    assert r["changed"] and r["state"] == "filled" and r["bytes_from_source"] == info["size"]
+    assert r["changed"] and r["action"] == "filled" and r["bytes_from_source"] == info["size"]
     assert os.path.islink(path) and os.readlink(path) == ".GLM-5.2-NVFP4.versions/%s" % info["revision"]
     assert r["manifest_digest"] == info["manifest_digest"]
     # Second run: decided from the marker alone; hashing a single byte would fail the test.
     monkeypatch.setattr(pdm, "sha256_file", lambda *a, **k: pytest.fail("no-op run hashed a file"))
     r2 = pdm.sync(path, root, info["revision"])
-    assert not r2["changed"] and r2["state"] == "current" and r2["bytes_from_source"] == 0
+    assert not r2["changed"] and r2["action"] == "current" and r2["bytes_from_source"] == 0
     log = [json.loads(line) for line in open(pdm.Layout(path).transfer_log)]
     assert [rec["bytes_from_source"] for rec in log] == [info["size"]]
 
@@ -184,7 +184,7 @@ def test_damaged_served_file_detected_by_full_verify_and_repaired(models, tmp_pa
     assert full["problems"][0].startswith("model-00001-of-00003.safetensors: sha256 expected ")
     os.utime(shard)                                                        # now the fast check notices
     r = pdm.sync(path, ra, a["revision"])
-    assert r["state"] == "repaired" and r["bytes_from_source"] == st.st_size
+    assert r["action"] == "repaired" and r["bytes_from_source"] == st.st_size
     assert pdm.status(path, a["revision"], full=True)["verified"]
 
 
@@ -265,7 +265,7 @@ def test_hub_source_uses_lfs_metadata_token_and_pagination(models, tmp_path):
 def test_check_mode_writes_nothing(models, tmp_path):
     ra, a = models["a"]
     r = pdm.sync(served(tmp_path), ra, a["revision"], check_mode=True)
-    assert r["changed"] and r["state"] == "would_fill" and r["bytes_to_fetch"] == a["size"]
+    assert r["changed"] and r["action"] == "would_fill" and r["bytes_to_fetch"] == a["size"]
     assert not os.path.exists(tmp_path / "mnt")
 
 
