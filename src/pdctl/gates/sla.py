@@ -97,19 +97,24 @@ def _which(name: str) -> bool:
     return which(name) is not None
 
 
-def num_prompts(cfg: dict, concurrency: int) -> int:
+def num_prompts(cfg: dict, concurrency: int, probe: bool = False) -> int:
+    """Requests per run: num_prompts if set, else max(min_prompts, prompts_per_slot x concurrency).
+
+    Capacity probes always send at least prompts_per_slot x concurrency, so every slot turns over.
+    """
+    per_slot = int(cfg["prompts_per_slot"]) * concurrency
     if cfg["num_prompts"]:
-        return int(cfg["num_prompts"])
-    return max(int(cfg["min_prompts"]), int(cfg["prompts_per_slot"]) * concurrency)
+        return max(int(cfg["num_prompts"]), per_slot) if probe else int(cfg["num_prompts"])
+    return max(int(cfg["min_prompts"]), per_slot)
 
 
 def bench_argv(cfg: dict, base_url: str, input_len: int, concurrency: int, result_dir: str,
-               result_filename: str) -> list[str]:
+               result_filename: str, probe: bool = False) -> list[str]:
     argv = list(cfg["client"]) + [
         "--backend", cfg["backend"], "--base-url", base_url.rstrip("/"),
         "--dataset-name", "random", "--random-input-len", str(input_len),
         "--random-output-len", str(cfg["output_len"]), "--random-range-ratio", "0", "--ignore-eos",
-        "--num-prompts", str(num_prompts(cfg, concurrency)), "--max-concurrency", str(concurrency),
+        "--num-prompts", str(num_prompts(cfg, concurrency, probe)), "--max-concurrency", str(concurrency),
         "--request-rate", "inf", "--seed", str(cfg["seed"]),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
         "--goodput", "ttft:%g" % cfg["max_ttft_ms"], "tpot:%g" % cfg["max_tpot_ms"],
@@ -135,14 +140,15 @@ def _full_argv(cfg: dict, argv: list[str]) -> list[str]:
     return list(cfg["exec_prefix"]) + [" ".join(env + [shlex.join(argv)])]
 
 
-def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdir: Path) -> dict:
+def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdir: Path,
+              probe: bool = False) -> dict:
     """Run one benchmark; return its parsed saved result plus the command line and wall time."""
     name = "bench-in%d-c%d-%d.json" % (input_len, concurrency, int(time.time() * 1000))
     remote = bool(cfg["exec_prefix"])
     result_dir = cfg["remote_result_dir"] if remote else str(workdir)
     if not remote:
         workdir.mkdir(parents=True, exist_ok=True)
-    argv = bench_argv(cfg, base_url, input_len, concurrency, result_dir, name)
+    argv = bench_argv(cfg, base_url, input_len, concurrency, result_dir, name, probe)
     env = None if remote else {**os.environ, **{k: str(v) for k, v in cfg["env"].items()}}
     started = time.monotonic()
     try:
@@ -173,7 +179,7 @@ def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdi
             raise SlaError("context %d: the benchmark client saved no result at %s" % (input_len, path))
         raw = path.read_text()
     result = parse_result(json.loads(raw))
-    result.update(input_len=input_len, concurrency=concurrency, num_prompts=num_prompts(cfg, concurrency),
+    result.update(input_len=input_len, concurrency=concurrency, num_prompts=num_prompts(cfg, concurrency, probe),
                   wall_s=round(wall, 2), command=shlex.join(argv), result_file=str(workdir / name))
     return result
 
@@ -286,7 +292,7 @@ def capacity(cfg: dict, base_url: str, workdir: Path, cap: dict) -> dict:
     per_context, probes = {}, []
     for ctx in contexts:
         def passes(c, ctx=ctx):
-            result = run_bench(cfg, base_url, ctx, c, workdir)
+            result = run_bench(cfg, base_url, ctx, c, workdir, probe=True)
             result["problems"] = judge(result, cfg)
             result["passed"] = not result["problems"]
             probes.append(result)
