@@ -1,0 +1,3 @@
+from pdctl.lab.engine.cli import main
+
+raise SystemExit(main())

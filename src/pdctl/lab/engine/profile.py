@@ -1,0 +1,61 @@
+"""The latency/answers/faults profile (YAML), from $PDCTL_ENGINE_PROFILE or built-in defaults."""
+from __future__ import annotations
+
+import copy
+import os
+
+import yaml
+
+DEFAULTS = {
+    "latency": {
+        "prefill_tokens_per_s": 200000,
+        "prefill_overhead_ms": 20,
+        "decode_step_ms": 30,
+        "decode_step_ms_per_request": 0.05,
+        "mtp_acceptance_rate": 0.8,
+        "kv_bytes_per_token": 1024,
+    },
+    "answers": {"key": "", "correct_rate": None, "mode": "normal"},
+    "faults": {
+        "crash_after_requests": 0,
+        "refuse_side_channel": False,
+        "leak_rss_mb_per_min": 0,
+        "slow_start_s": 0,
+    },
+}
+
+
+def load(path: str | None = None) -> dict:
+    """Merge the YAML profile over the defaults; unknown sections or keys are an error."""
+    path = path if path is not None else os.environ.get("PDCTL_ENGINE_PROFILE", "")
+    profile = copy.deepcopy(DEFAULTS)
+    if not path:
+        return profile
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    for section, values in data.items():
+        if section not in profile:
+            raise ValueError(f"{path}: unknown profile section {section!r}")
+        for key, value in (values or {}).items():
+            if key not in profile[section]:
+                raise ValueError(f"{path}: unknown key {section}.{key}")
+            profile[section][key] = value
+    if profile["answers"]["mode"] not in ("normal", "unparsable"):
+        raise ValueError(f"{path}: answers.mode must be normal or unparsable")
+    return profile
+
+
+def tokens_per_step(rate: float, num_speculative_tokens: int) -> float:
+    """Expected tokens per decode step with MTP: 1 + sum_{k=1..N} rate^k."""
+    return 1.0 + sum(rate**k for k in range(1, num_speculative_tokens + 1))
+
+
+def expected_ttft_s(profile: dict, prompt_tokens: int) -> float:
+    lat = profile["latency"]
+    return lat["prefill_overhead_ms"] / 1000 + prompt_tokens / lat["prefill_tokens_per_s"]
+
+
+def expected_tpot_s(profile: dict, running: int, num_speculative_tokens: int) -> float:
+    lat = profile["latency"]
+    step = (lat["decode_step_ms"] + lat["decode_step_ms_per_request"] * running) / 1000
+    return step / tokens_per_step(lat["mtp_acceptance_rate"], num_speculative_tokens)
