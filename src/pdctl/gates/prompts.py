@@ -149,7 +149,7 @@ def truncate_middle(text: str, max_tokens: int) -> str:
     lo, hi = 0, len(text) // 2  # characters kept at each end
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate_tokens(text[:mid]) + estimate_tokens(text[-mid:]) <= max_tokens:
+        if estimate_tokens(text[:mid] + text[-mid:]) <= max_tokens:
             lo = mid
         else:
             hi = mid - 1

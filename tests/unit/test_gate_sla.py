@@ -1,0 +1,98 @@
+"""SLA gate logic without a server: saved-result parsing, verdicts, command line, capacity search."""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pdctl.gates import sla
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gates" / "vllm_rs_bench_result.json"
+
+
+def test_parse_real_saved_result():
+    """A result saved by vllm-rs 0.33.0 bench serve (--save-result), keys as facts.md lists them."""
+    data = json.loads(FIXTURE.read_text())
+    out = sla.parse_result(data)
+    assert out["completed"] == data["completed"] and out["failed"] == 0
+    assert out["mean_ttft_ms"] == data["mean_ttft_ms"] and out["mean_tpot_ms"] == data["mean_tpot_ms"]
+    assert out["p99_tpot_ms"] == data["p99_tpot_ms"]
+    assert out["sem_tpot_ms"] == pytest.approx(data["std_tpot_ms"] / data["completed"] ** 0.5)
+    assert out["steady_state"]["mean_ttft_ms"] == data["steady_state"]["mean_ttft_ms"]
+
+
+def test_parse_rejects_incomplete_and_derives_failed():
+    with pytest.raises(sla.SlaError, match="mean_tpot_ms"):
+        sla.parse_result({"completed": 1, "failed": 0, "mean_ttft_ms": 1.0})
+    out = sla.parse_result({"completed": 6, "num_prompts": 8, "mean_ttft_ms": 1.0, "mean_tpot_ms": 1.0})
+    assert out["failed"] == 2
+
+
+def _result(**kw):
+    base = {"input_len": 65536, "concurrency": 8, "num_prompts": 64, "completed": 64, "failed": 0,
+            "mean_ttft_ms": 900.0, "mean_tpot_ms": 17.0}
+    base.update(kw)
+    return base
+
+
+def test_judge_names_context_and_value():
+    cfg = sla.merge_config({})
+    assert sla.judge(_result(), cfg) == []
+    msgs = sla.judge(_result(mean_tpot_ms=23.456), cfg)
+    assert msgs == ["context 65536: mean TPOT 23.46 ms > limit 20.00 ms (concurrency 8)"]
+    msgs = sla.judge(_result(mean_ttft_ms=3100.0, failed=2, completed=62), cfg)
+    assert any("context 65536: mean TTFT 3100 ms > limit 2500 ms" in m for m in msgs)
+    assert any("2 of 64 requests failed" in m for m in msgs)
+
+
+def test_bench_argv_exact_lengths_and_saved_result():
+    cfg = sla.merge_config({"client": "vllm bench serve", "tokenizer": "/m", "concurrency": 4})
+    argv = sla.bench_argv(cfg, "http://r:8000/", 16384, 4, "/tmp/d", "r.json")
+    s = " ".join(argv)
+    assert argv[:3] == ["vllm", "bench", "serve"]
+    for flag in ("--base-url http://r:8000", "--random-input-len 16384", "--random-output-len 1024",
+                 "--random-range-ratio 0", "--ignore-eos", "--num-prompts 64", "--max-concurrency 4",
+                 "--save-result", "--result-dir /tmp/d", "--result-filename r.json", "--tokenizer /m",
+                 "--goodput ttft:2500 tpot:20", "--dataset-name random"):
+        assert flag in s
+    assert sla.num_prompts(cfg, 32) == 128 and sla.num_prompts(dict(cfg, num_prompts=10), 32) == 10
+    assert sla.num_prompts(dict(cfg, num_prompts=10), 32, probe=True) == 128
+
+
+def test_remote_client_is_quoted_for_the_remote_shell():
+    cfg = sla.merge_config({"exec_prefix": "ssh decode-0", "env": {"VLLM_USE_RUST_BENCH": "1"},
+                            "client": ["/opt/v env/bin/vllm", "bench", "serve"]})
+    full = sla._full_argv(cfg, ["/opt/v env/bin/vllm", "bench", "serve", "--extra-body", '{"a": 1}'])
+    assert full[:2] == ["ssh", "decode-0"] and len(full) == 3
+    assert shlex.split(full[2]) == ["VLLM_USE_RUST_BENCH=1", "/opt/v env/bin/vllm", "bench", "serve",
+                                    "--extra-body", '{"a": 1}']
+
+
+def test_validate():
+    assert sla.validate(sla.merge_config({"client": ["/nonexistent/vllm-rs", "bench", "serve"]}))
+    problems = sla.validate(sla.merge_config({"exec_prefix": ["ssh", "h"], "contexts": [0],
+                                              "max_tpot_ms": -1, "capacity": {"enabled": True, "start": 9,
+                                                                              "max": 4}}))
+    assert len(problems) == 3
+
+
+@pytest.mark.parametrize("threshold", list(range(0, 41)))
+def test_capacity_search_on_monotone_function(threshold):
+    calls = []
+
+    def passes(c):
+        calls.append(c)
+        return c <= threshold
+
+    cap, probes = sla.search_capacity(passes, start=1, maximum=32)
+    assert cap == min(threshold, 32)
+    assert len(calls) == len(set(calls))  # no concurrency measured twice
+    assert len(calls) <= 12  # doubling (<= 6) + bisection (<= 4) + slack
+    assert all(probes[c] == (c <= threshold) for c in probes)
+
+
+def test_capacity_search_start_above_one():
+    cap, probes = sla.search_capacity(lambda c: c <= 37, start=4, maximum=256)
+    assert cap == 37 and min(probes) == 4
