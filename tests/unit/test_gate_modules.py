@@ -1,0 +1,93 @@
+"""library/accuracy_gate.py and library/sla_gate.py: documentation, check mode, input errors."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.module_utils.testing import patch_module_args
+
+from pdctl import repo
+
+ROOT = repo.root()
+DATA = ROOT / "tests" / "fixtures" / "gates" / "datasets"
+MODULES = ("accuracy_gate", "sla_gate")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location("pdctl_lib_" + name, ROOT / "library" / (name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(name, args, capsys, check_mode=False):
+    if check_mode:
+        args = dict(args, _ansible_check_mode=True)
+    with patch_module_args(args), pytest.raises(SystemExit) as exc:
+        load(name).main()
+    out = capsys.readouterr().out
+    result = json.loads(out)
+    assert bool(exc.value.code) == bool(result.get("failed"))
+    return bool(result.get("failed")), result, out
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_documentation_matches_argument_spec(name):
+    mod = load(name)
+    doc = yaml.safe_load(mod.DOCUMENTATION)
+    yaml.safe_load(mod.EXAMPLES)
+    ret = yaml.safe_load(mod.RETURN)
+    assert doc["module"] == name
+    assert set(doc["attributes"]) >= {"check_mode", "diff_mode"}
+    for key, spec in ret.items():
+        assert {"description", "type", "returned"} <= set(spec), key
+    with patch_module_args({"router_url": "http://x", "artifacts_dir": "/tmp/x"}):
+        module = mod.build_module()
+    spec = module.argument_spec
+    assert set(doc["options"]) == set(spec)
+    for opt, d in doc["options"].items():
+        assert d["type"] == spec[opt]["type"], opt
+        assert d.get("required", False) == spec[opt].get("required", False), opt
+        if "default" in spec[opt]:
+            assert d.get("default") == spec[opt]["default"], opt
+    assert module.supports_check_mode
+
+
+def test_accuracy_check_mode_validates_and_runs_nothing(capsys, tmp_path):
+    args = {"router_url": "http://127.0.0.1:9", "local_dir": str(DATA), "artifacts_dir": str(tmp_path / "a"),
+            "hf_token": "hf_secretTOKEN123"}
+    failed, result, out = run("accuracy_gate", args, capsys, check_mode=True)
+    assert not failed and result["validated"] and not (tmp_path / "a").exists()
+    assert "hf_secretTOKEN123" not in out
+
+
+def test_accuracy_rejects_unpinned_hub_source(capsys, tmp_path):
+    args = {"router_url": "http://127.0.0.1:9", "artifacts_dir": str(tmp_path), "benchmarks": ["gpqa"],
+            "datasets": {"gpqa": {"repo_id": "Idavidrein/gpqa", "revision": "main"}}}
+    failed, result, _ = run("accuracy_gate", args, capsys, check_mode=True)
+    assert failed and "gpqa: no local_dir and no pinned 40-hex revision" in result["msg"]
+
+
+def test_accuracy_unreachable_router_fails_cleanly(capsys, tmp_path):
+    args = {"router_url": "http://127.0.0.1:9", "local_dir": str(DATA), "artifacts_dir": str(tmp_path),
+            "benchmarks": ["aime"]}
+    failed, result, _ = run("accuracy_gate", args, capsys)
+    assert failed and "127.0.0.1:9" in result["msg"]
+
+
+def test_sla_check_mode_and_bad_input(capsys, tmp_path):
+    args = {"router_url": "http://127.0.0.1:9", "client": ["/bin/true"], "artifacts_dir": str(tmp_path / "s")}
+    failed, result, _ = run("sla_gate", args, capsys, check_mode=True)
+    assert not failed and result["validated"] and not (tmp_path / "s").exists()
+    failed, result, _ = run("sla_gate", dict(args, contexts=[], client=["/nonexistent/vllm"]), capsys, check_mode=True)
+    assert failed and "contexts must be" in result["msg"] and "not found" in result["msg"]
+
+
+def test_sla_client_failure_names_context(capsys, tmp_path):
+    args = {"router_url": "http://127.0.0.1:9", "client": ["/bin/false"], "contexts": [2048],
+            "artifacts_dir": str(tmp_path)}
+    failed, result, _ = run("sla_gate", args, capsys)
+    assert failed and "context 2048: the benchmark client exited 1" in result["msg"]
