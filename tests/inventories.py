@@ -1,0 +1,30 @@
+"""Build variants of the lab inventory for tests: a real copy plus YAML overrides."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def inventory_variant(dest: Path, overrides: dict | None = None, base: str = "lab") -> Path:
+    """Copy inventories/<base> (links resolved) to dest and apply overrides.
+
+    overrides: {"host_vars/<host>": {...}, "group_vars/<group>": {...}, "hosts": <whole hosts.yml>}
+    Group overrides land in a file sorted after the originals, so they win like an operator's edit.
+    """
+    shutil.copytree(ROOT / "inventories" / base, dest, symlinks=False)
+    for target, data in (overrides or {}).items():
+        if target == "hosts":
+            (dest / "hosts.yml").write_text(yaml.safe_dump(data))
+            continue
+        kind, name = target.split("/", 1)
+        if kind == "host_vars":
+            path = dest / "host_vars" / ("%s.yml" % name)
+        else:
+            path = dest / "group_vars" / name / "zz-test-override.yml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data))
+    return dest

@@ -1,0 +1,108 @@
+"""The planner on the real inventories and on malformed ones (through `pdctl plan`)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import pdctl_topology
+from inventories import ROOT, inventory_variant
+from malformed import CASES
+from pdctl import cli
+
+
+def plan_cli(capsys, inventory, *extra):
+    rc = cli.main(["plan", "-i", str(inventory), *extra])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_b300_plan_matches_the_recipe(capsys):
+    rc, out, _ = plan_cli(capsys, ROOT / "inventories/b300", "--json")
+    assert rc == 0
+    plan = json.loads(out)
+    prefill = [i for i in plan["instances"] if i["pool"] == "prefill"]
+    decode = [i for i in plan["instances"] if i["pool"] == "decode"]
+    assert len(prefill) == 4 and len(decode) == 1
+    for host in ("b300-prefill-0", "b300-prefill-1"):
+        mine = [i for i in prefill if i["host"] == host]
+        assert [i["gpus"] for i in mine] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert all(i["tensor_parallel_size"] == 1 and i["data_parallel_size"] == 4 for i in mine)
+        assert len({i["api_port"] for i in mine}) == 2
+        (a_lo, a_hi), (b_lo, b_hi) = (i["side_channel_ports"] for i in mine)
+        assert a_hi < b_lo or b_hi < a_lo, "side-channel ranges must be disjoint"
+        assert len({i["dp_rpc_port"] for i in mine}) == 2
+    assert decode[0]["host"] == "b300-decode-0"
+    assert decode[0]["gpus"] == list(range(8)) and decode[0]["data_parallel_size"] == 8
+    assert decode[0]["side_channel_ports"][1] - decode[0]["side_channel_ports"][0] == 7
+    assert plan["router"]["prefill_urls"] == [i["url"] for i in prefill]
+    assert plan["router"]["decode_urls"] == [decode[0]["url"]]
+    # NIXL side channel is advertised on the host's routable address, never localhost.
+    assert all(i["side_channel_host"] not in ("localhost", "127.0.0.1") for i in plan["instances"])
+
+
+def test_table_output_lists_every_instance(capsys):
+    rc, out, _ = plan_cli(capsys, ROOT / "inventories/b300")
+    assert rc == 0
+    for name in ("prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"):
+        assert name in out
+    assert "192.0.2.11:5604-5607" in out and "router: http://192.0.2.13:8000" in out
+
+
+def test_lab_differs_from_b300_only_in_addresses(capsys):
+    def shape(inv):
+        plan = json.loads(plan_cli(capsys, ROOT / "inventories" / inv, "--json")[1])
+        return [(i["name"], i["pool"], i["gpus"], i["api_port"], i["side_channel_ports"], i["dp_rpc_port"],
+                 i["model_path"], i["vllm_version"]) for i in plan["instances"]]
+    assert shape("lab") == shape("b300")
+
+
+@pytest.mark.parametrize("case,overrides,expected", CASES, ids=[c[0] for c in CASES])
+def test_malformed_inventory_is_rejected(tmp_path, capsys, case, overrides, expected):
+    inv = inventory_variant(tmp_path / "inv", overrides)
+    rc, out, err = plan_cli(capsys, inv)
+    assert rc == 2, out
+    assert "is invalid" in err
+    for words in expected:
+        assert words in err, "expected %r in:\n%s" % (words, err)
+
+
+def test_at_least_twelve_distinct_malformed_cases():
+    assert len({c[0] for c in CASES}) >= 12
+
+
+def test_exit_code_from_the_console_script(tmp_path):
+    inv = inventory_variant(tmp_path / "inv", CASES[0][1])
+    res = subprocess.run([sys.executable, "-m", "pdctl.cli", "plan", "-i", str(inv)], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "GPU 2 is in both" in res.stderr
+
+
+def test_missing_inventory_is_exit_2(capsys, tmp_path):
+    rc, _, err = plan_cli(capsys, tmp_path / "nope")
+    assert rc == 2 and "does not exist" in err
+
+
+def test_explicit_placement_is_honoured():
+    hosts = {
+        "h": {"groups": ["prefill", "decode", "router"], "vars": {
+            "pdctl_gpu_count": 8, "pdctl_model_path": "/m", "pdctl_versions": {"vllm": "1"},
+            "pdctl_pools": {"prefill": {"tensor_parallel_size": 1, "data_parallel_size": 2},
+                            "decode": {"tensor_parallel_size": 2, "data_parallel_size": 2}},
+            "pdctl_ports": {"api_base": 9000, "side_channel_base": 6000, "dp_rpc_base": 14000,
+                            "router": 8000, "router_metrics": 8001},
+            "pdctl_instances": [{"pool": "prefill", "gpus": "6,7", "name": "p"}, {"pool": "decode", "gpus": "0-3"}],
+        }}}
+    plan = pdctl_topology.build_plan(hosts)
+    p, d = plan["instances"]
+    assert p["name"] == "p" and p["cuda_visible_devices"] == "6,7"
+    assert d["gpus"] == [0, 1, 2, 3] and d["side_channel_ports"] == [6002, 6003]
+    assert plan["router"]["url"] == "http://h:8000"
+
+
+def test_every_problem_is_reported_at_once():
+    hosts = {"h": {"groups": ["prefill"], "vars": {"pdctl_instances": [{"pool": "nope"}]}}}
+    with pytest.raises(pdctl_topology.PlanError) as err:
+        pdctl_topology.build_plan(hosts)
+    text = str(err.value)
+    assert "pdctl_ports.api_base is not set" in text and "router group" in text
