@@ -87,6 +87,7 @@ class Engine:
         self.idle = asyncio.Event()
         self.idle.set()
         self._leak: list[bytearray] = []
+        self._token_cache: dict[bytes, list[int]] = {}
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def _lease_expired(self, rank: int) -> None:
@@ -129,18 +130,30 @@ class Engine:
         prompt = self.template.render(messages=flat, add_generation_prompt=body.get("add_generation_prompt", True))
         return prompt, last_user
 
-    def count_tokens(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+    async def count_tokens(self, text: str) -> list[int]:
+        """Token ids of text. Encoding runs in a worker thread (the Rust tokenizer releases the
+        GIL), so a burst of long prompts does not stall the streams on the event loop. The router
+        renders (tokenizes) each prompt on P and D first, so results are kept for a while."""
+        key = hashlib.sha1(text.encode()).digest()
+        ids = self._token_cache.get(key)
+        if ids is None:
+            loop = asyncio.get_running_loop()
+            enc = await loop.run_in_executor(None, lambda: self.tokenizer.encode_batch([text], add_special_tokens=False))
+            ids = enc[0].ids
+            if len(self._token_cache) >= 2048:
+                self._token_cache.pop(next(iter(self._token_cache)))
+            self._token_cache[key] = ids
+        return ids
 
-    def prompt_of(self, kind: str, body: dict) -> tuple[int, str | None]:
+    async def prompt_of(self, kind: str, body: dict) -> tuple[int, str | None]:
         if kind == "chat":
             prompt, last_user = self.render_chat(body)
-            return len(self.count_tokens(prompt)), last_user
+            return len(await self.count_tokens(prompt)), last_user
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return len(self.count_tokens(prompt)), prompt
+            return len(await self.count_tokens(prompt)), prompt
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return len(prompt), None
         raise RequestFailed(400, "BadRequestError", "prompt must be a string or a list of token ids "
@@ -188,6 +201,7 @@ class Engine:
         arrival = req["arrival"]
         rank.waiting += 1
         self._gauges()
+        queued = rank.slots.locked()
         await rank.slots.acquire()
         rank.waiting -= 1
         scheduled = loop.time()
@@ -211,7 +225,9 @@ class Engine:
                     await asyncio.sleep(self.prefill_s(req["prompt_tokens"]))
                 first_at = loop.time()
             else:
-                first_at = scheduled + self.prefill_s(req["prompt_tokens"])
+                # Prefill starts when the request got a slot; without a wait that is its receipt,
+                # so the stand-in's own parsing overhead is inside the modelled TTFT.
+                first_at = (scheduled if queued else arrival) + self.prefill_s(req["prompt_tokens"])
                 await asyncio.sleep(max(0.0, first_at - loop.time()))
                 m.prompt_tokens.inc(key, req["prompt_tokens"])
             m.prefill_time.observe(key, first_at - scheduled)
@@ -323,6 +339,7 @@ def usage_of(req: dict, completion_tokens: int, engine: Engine) -> dict:
 
 async def handle_generate(request: web.Request, kind: str):
     engine: Engine = request.app["engine"]
+    arrival = asyncio.get_running_loop().time()  # TTFT counts from receipt, parsing included
     if engine.draining:
         return error_response(503, "ServiceUnavailableError", "The server is shutting down; request rejected.")
     try:
@@ -334,8 +351,6 @@ async def handle_generate(request: web.Request, kind: str):
     model = body.get("model")
     if model is not None and model != engine.model_name:
         return error_response(404, "NotFoundError", f"The model `{model}` does not exist.")
-    loop = asyncio.get_running_loop()
-    arrival = loop.time()
     base_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + base_id
     kv_params = body.get("kv_transfer_params")
@@ -343,7 +358,7 @@ async def handle_generate(request: web.Request, kind: str):
         return error_response(400, "BadRequestError", "This decode instance (kv_role=kv_consumer) needs "
                               "kv_transfer_params from a prefill instance; send requests through the P/D router.")
     try:
-        prompt_tokens, last_user = engine.prompt_of(kind, body)
+        prompt_tokens, last_user = await engine.prompt_of(kind, body)
         if kv_params and kv_params.get("do_remote_decode"):
             pieces, finish = engine.plan({**body, "max_tokens": 1, "ignore_eos": True}, prompt_tokens, last_user, rid)
         else:
@@ -477,10 +492,10 @@ async def handle_tokenize(request):
         body = await request.json()
         if "messages" in body:
             prompt, _ = engine.render_chat(body)
-            ids = engine.count_tokens(prompt)
+            ids = await engine.count_tokens(prompt)
         else:
             prompt = body.get("prompt", "")
-            ids = prompt if isinstance(prompt, list) else engine.count_tokens(prompt)
+            ids = prompt if isinstance(prompt, list) else await engine.count_tokens(prompt)
     except RequestFailed as exc:
         return error_response(exc.status, exc.err_type, exc.message)
     except (json.JSONDecodeError, AttributeError) as exc:
@@ -495,10 +510,10 @@ async def handle_render(request):
         body = await request.json()
         if request.path.startswith("/v1/chat"):
             prompt, _ = engine.render_chat(body)
-            ids = engine.count_tokens(prompt)
+            ids = await engine.count_tokens(prompt)
         else:
             prompt = body.get("prompt", "")
-            ids = prompt if isinstance(prompt, list) else engine.count_tokens(prompt)
+            ids = prompt if isinstance(prompt, list) else await engine.count_tokens(prompt)
     except RequestFailed as exc:
         return error_response(exc.status, exc.err_type, exc.message)
     except (json.JSONDecodeError, AttributeError) as exc:

@@ -1,0 +1,82 @@
+"""Issue 5, acceptance 1: the real `vllm-rs bench serve` measures the profile's TTFT and TPOT
+(within 5%) against one stand-in and through the real vllm-router in P/D mode (loopback)."""
+import pytest
+
+import conftest_engine as ce
+from pdctl.lab import tokenizer, tools
+from pdctl.lab.engine import profile as engine_profile
+
+pytestmark = pytest.mark.slow
+
+LATENCY = {"prefill_tokens_per_s": 10000, "prefill_overhead_ms": 50, "decode_step_ms": 30,
+           "decode_step_ms_per_request": 0.05, "mtp_acceptance_rate": 0.8, "kv_bytes_per_token": 1024}
+INPUT_LEN, OUTPUT_LEN = 2000, 128
+CHAT_TEMPLATE_TOKENS = 4  # [gMASK] <sop> <|user|> <|assistant|>
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("engine-latency")
+    model = tokenizer.build(base / "model")
+    prof = ce.write_profile(base / "profile.yaml", latency=LATENCY)
+    return {"dir": base, "model": model, "profile": prof, "vllm_rs": tools.ensure_vllm_rs(),
+            "router": tools.ensure_vllm_router()}
+
+
+@pytest.fixture(scope="module")
+def single(env):
+    proc = ce.start_engine(env["model"], ce.SINGLE_ARGS, env["profile"], env["dir"], "single")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(env):
+    procs = [ce.start_engine(env["model"], ce.PREFILL_ARGS, env["profile"], env["dir"], f"prefill{i}")
+             for i in range(2)]
+    procs.append(ce.start_engine(env["model"], ce.DECODE_ARGS, env["profile"], env["dir"], "decode"))
+    router = ce.start_router(env["router"], procs[:2], procs[2:], env["dir"])
+    yield {"router": router, "prefill": procs[:2], "decode": procs[2]}
+    router.stop()
+    for p in procs:
+        p.stop()
+
+
+def expected(concurrency, backend):
+    prof = engine_profile.load(None)
+    prof["latency"].update(LATENCY)
+    prompt = INPUT_LEN + (CHAT_TEMPLATE_TOKENS if backend == "openai-chat" else 0)
+    return (engine_profile.expected_ttft_s(prof, prompt) * 1000,
+            engine_profile.expected_tpot_s(prof, concurrency, 3) * 1000)
+
+
+def decode_side_ttft_ms(decode) -> float:
+    """Mean TTFT as the decode instance sees it: the KV pull (the formula's '+ KV pull time')."""
+    text = decode.metrics()
+    count = sum(ce.metric_values(text, "vllm:time_to_first_token_seconds_count"))
+    total = sum(ce.metric_values(text, "vllm:time_to_first_token_seconds_sum"))
+    return 1000 * total / count
+
+
+def check(result, ttft_ms, tpot_ms, num_prompts):
+    assert result["completed"] == num_prompts and result["failed"] == 0
+    assert result["mean_ttft_ms"] == pytest.approx(ttft_ms, rel=0.05), result["mean_ttft_ms"]
+    assert result["mean_tpot_ms"] == pytest.approx(tpot_ms, rel=0.05), result["mean_tpot_ms"]
+
+
+@pytest.mark.parametrize("concurrency,num_prompts,backend", [(1, 6, "openai"), (32, 128, "openai-chat")])
+def test_single_standin(env, single, concurrency, num_prompts, backend):
+    res = ce.bench(env["vllm_rs"], single.url, env["model"], env["dir"], f"single-c{concurrency}",
+                   backend=backend, concurrency=concurrency, num_prompts=num_prompts,
+                   input_len=INPUT_LEN, output_len=OUTPUT_LEN)
+    ttft, tpot = expected(concurrency, backend)
+    check(res, ttft, tpot, num_prompts)
+
+
+@pytest.mark.parametrize("concurrency,num_prompts,backend", [(1, 6, "openai-chat"), (32, 128, "openai-chat")])
+def test_pd_through_router(env, pd, concurrency, num_prompts, backend):
+    res = ce.bench(env["vllm_rs"], pd["router"].url, env["model"], env["dir"], f"pd-c{concurrency}",
+                   backend=backend, concurrency=concurrency, num_prompts=num_prompts,
+                   input_len=INPUT_LEN, output_len=OUTPUT_LEN)
+    ttft, tpot = expected(concurrency, backend)
+    check(res, ttft + decode_side_ttft_ms(pd["decode"]), tpot, num_prompts)
