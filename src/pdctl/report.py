@@ -1,0 +1,56 @@
+"""`pdctl report -i INVENTORY`: what is deployed where, and the latest rollout verdicts."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pdctl import repo
+
+
+def _latest_gate_reports(artifacts: Path) -> list[tuple[str, dict, Path]]:
+    found = []
+    for kind in ("accuracy", "sla"):
+        reports = sorted(artifacts.glob("gates/*/%s.json" % kind), key=lambda p: p.stat().st_mtime)
+        if reports:
+            try:
+                found.append((kind, json.loads(reports[-1].read_text()), reports[-1]))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def main(args) -> int:
+    from pdctl import inventory
+
+    topology = repo.module_util("pdctl_topology")
+    try:
+        plan = inventory.plan(args.inventory)
+    except (inventory.InventoryError, topology.PlanError) as exc:
+        print("pdctl report: %s" % exc, file=sys.stderr)
+        return 2
+    print("== serving plan (%s)" % args.inventory)
+    print(topology.format_table(plan))
+    if Path(args.inventory).resolve() == (repo.root() / "inventories" / "lab").resolve():
+        from pdctl.lab import hosts
+
+        print("\n== lab hosts")
+        hosts.status()
+    artifacts = Path(args.artifacts)
+    gates = _latest_gate_reports(artifacts)
+    print("\n== rollout gates")
+    if not gates:
+        print("no gate report under %s yet" % (artifacts / "gates"))
+    verdict = 0
+    for kind, data, path in gates:
+        passed = bool(data.get("passed"))
+        verdict |= 0 if passed else 1
+        print("%-8s %s  (%s)" % (kind, "PASS" if passed else "FAIL", path))
+    return verdict
+
+
+def add_parser(sub):
+    p = sub.add_parser("report", help="the rollout report: plan, hosts, latest gate verdicts")
+    p.add_argument("-i", "--inventory", required=True)
+    p.add_argument("--artifacts", default=str(repo.root() / "artifacts"))
+    p.set_defaults(func=main)
