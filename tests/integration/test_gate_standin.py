@@ -70,7 +70,8 @@ def engine(tmp_path, model_dir):
                     "--port", str(port)]
         else:
             argv = [sys.executable, str(MOCK), "--port", str(port)]
-        log = open(tmp_path / ("engine%d.log" % len(procs)), "w")
+        log_path = tmp_path / ("engine%d.log" % len(procs))
+        log = open(log_path, "w")
         procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
         url = "http://127.0.0.1:%d" % port
         for _ in range(150):
@@ -82,7 +83,7 @@ def engine(tmp_path, model_dir):
             if procs[-1].poll() is not None:
                 break
             time.sleep(0.1)
-        raise RuntimeError("engine did not start: %s" % (tmp_path / "engine.log").read_text()[-2000:])
+        raise RuntimeError("engine did not start: %s" % log_path.read_text()[-2000:])
 
     yield start
     for proc in procs:
