@@ -281,3 +281,46 @@ def test_manifest_rejects_escaping_paths():
         pdm.make_manifest("r1", [{"path": "../x", "size": 1, "sha256": "00"}])
     with pytest.raises(pdm.ModelError, match="not usable as a directory name"):
         pdm.check_revision("../../etc")
+
+
+def test_token_is_not_forwarded_on_redirect(models, tmp_path):
+    """The Hub redirects LFS downloads to a CDN host: the bearer token must stay with the Hub."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    seen = []
+
+    class Cdn(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Length", "3")
+            self.end_headers()
+            self.wfile.write(b"abc")
+
+    cdn = ThreadingHTTPServer(("127.0.0.1", 0), Cdn)
+
+    class Hub(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:%d/blob" % cdn.server_address[1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    for srv in (cdn, hub):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        src = pdm.HttpSource("http://127.0.0.1:%d/r/" % hub.server_address[1], {"Authorization": "Bearer hf_X"})
+        stream, start = src.open("f.bin", 0)
+        assert stream.read() == b"abc" and start == 0
+        assert seen == ["Bearer hf_X", None]
+    finally:
+        for srv in (cdn, hub):
+            srv.shutdown()
+            srv.server_close()
