@@ -38,9 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     from pdctl import report
+    from pdctl.gates import cli as gate_cli
     from pdctl.lab import cli as lab_cli
 
     lab_cli.add_parser(sub)
+    gate_cli.add_parser(sub)
     report.add_parser(sub)
     return parser
 
