@@ -43,10 +43,10 @@ def inventory_path() -> Path:
     return repo.root() / "inventories" / "lab"
 
 
-def lab_hosts() -> list[LabHost]:
+def lab_hosts(inventory_dir: Path | None = None) -> list[LabHost]:
     from pdctl import inventory
 
-    hosts = inventory.load(inventory_path())
+    hosts = inventory.load(inventory_dir or inventory_path())
     return [LabHost(name, str(h["vars"]["ansible_host"])) for name, h in sorted(hosts.items())]
 
 
@@ -131,13 +131,14 @@ def _wait_ssh(host: LabHost, key: Path, known_hosts: Path, timeout: float = 90):
         time.sleep(1)
 
 
-def up() -> int:
+def up(inventory_dir: Path | None = None) -> int:
+    """Start the hosts of the lab inventory (or of another inventory on the lab network, e.g. molecule's)."""
     t0 = time.monotonic()
     try:
         for tool in ("podman", "debootstrap", "ssh", "ssh-keygen"):
             if not shutil.which(tool):
                 raise LabError("%s is not installed (run scripts/bootstrap)" % tool)
-        hosts = lab_hosts()
+        hosts = lab_hosts(inventory_dir)
         opts = container_options()
         step("container options for this machine: %s" % (" ".join(opts) or "none needed"))
         key = _ssh_key()
@@ -163,7 +164,9 @@ def up() -> int:
             started.append(host.name)
         if started:
             step("started %s" % ", ".join(started))
-            known_hosts.unlink(missing_ok=True)
+            for host in hosts:
+                if host.name in started:
+                    _forget_host_key(host)  # a new container has new host keys
         # The store binds to the network's gateway, which exists once a container is attached.
         store.ensure_started(lab_dir())
         for host in hosts:
@@ -176,24 +179,35 @@ def up() -> int:
         return 1
 
 
-def down() -> int:
-    for host in lab_hosts():
+def down(inventory_dir: Path | None = None) -> int:
+    """Remove the inventory's hosts; the network and the store go with the last lab host."""
+    for host in lab_hosts(inventory_dir):
         if _container_state(host.name) is not None:
             run(["podman", "rm", "-f", "-t", "5", host.name])
             step("removed %s" % host.name)
+        shutil.rmtree(lab_dir() / "volumes" / host.name, ignore_errors=True)
+        _forget_host_key(host)
+    remaining = run(["podman", "ps", "-a", "-q", "--filter", "label=" + LABEL]).stdout.split()
+    if remaining:
+        step("%d other lab container(s) still running: network and artifact store kept" % len(remaining))
+        return 0
     if run(["podman", "network", "exists", NETWORK], check=False).returncode == 0:
         run(["podman", "network", "rm", NETWORK])
     store.stop(lab_dir())
-    shutil.rmtree(lab_dir() / "volumes", ignore_errors=True)
-    (lab_dir() / "ssh" / "known_hosts").unlink(missing_ok=True)
     step("down (the image stays cached; `podman image rm` it to rebuild)")
     return 0
 
 
-def status() -> int:
+def _forget_host_key(host: LabHost):
+    known_hosts = lab_dir() / "ssh" / "known_hosts"
+    if known_hosts.exists():
+        run(["ssh-keygen", "-R", host.address, "-f", str(known_hosts)], check=False)
+
+
+def status(inventory_dir: Path | None = None) -> int:
     rows = [("HOST", "ADDRESS", "CONTAINER", "SYSTEMD")]
     all_running = True
-    for host in lab_hosts():
+    for host in lab_hosts(inventory_dir):
         state = _container_state(host.name) or "absent"
         systemd = "-"
         if state == "running":
