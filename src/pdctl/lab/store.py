@@ -36,10 +36,17 @@ def declared_debian_packages() -> list[str]:
 
 
 def stage_apt(store_dir: Path) -> Path:
-    """Build a flat apt repository (Packages, Release) of the declared packages under store/apt."""
-    packages = declared_debian_packages()
+    """Build a flat apt repository (Packages, Release) of the declared packages under store/apt.
+
+    Packages that the lab replaces with stand-ins (GPU driver, fabric manager, CUDA, DOCA, GDRCopy:
+    pdctl.lab.standin_debs) are not resolved against Debian; their .debs are built and added instead.
+    """
+    from pdctl.lab import standin_debs
+
+    standins = standin_debs.names()
+    packages = [p for p in declared_debian_packages() if p not in standins]
     root = image.base_rootfs()
-    key = hashlib.sha256(("\0".join([root.name] + packages)).encode()).hexdigest()[:12]
+    key = hashlib.sha256(("\0".join([root.name, standin_debs.fingerprint()] + packages)).encode()).hexdigest()[:12]
     staged = image.cache_dir() / ("apt-" + key)
     if not (staged / "Release").exists():
         t0 = time.monotonic()
@@ -55,13 +62,14 @@ def stage_apt(store_dir: Path) -> Path:
         for deb in archives.glob("*.deb"):
             shutil.move(str(deb), staged / deb.name)
         shutil.rmtree(archives)
+        standin_debs.build(staged)
         with open(staged / "Packages", "w") as out:
             subprocess.run(["apt-ftparchive", "packages", "."], cwd=staged, check=True, stdout=out)
         release = subprocess.run(["apt-ftparchive", "release", "."], cwd=staged, check=True,
                                  capture_output=True, text=True).stdout
         (staged / "Release").write_text(release)
-        print("lab: staged %d Debian packages (%d .deb with dependencies) in %.1fs"
-              % (len(packages), len(list(staged.glob("*.deb"))), time.monotonic() - t0), flush=True)
+        print("lab: staged %d Debian packages and %d stand-ins (%d .deb with dependencies) in %.1fs"
+              % (len(packages), len(standins), len(list(staged.glob("*.deb"))), time.monotonic() - t0), flush=True)
     target = store_dir / "apt"
     if target.is_symlink() or target.exists():
         if target.is_symlink() and os.readlink(target) == str(staged):

@@ -1,0 +1,217 @@
+"""Lab stand-ins for the GPU host stack: .debs with the real package names and the manifest's versions.
+
+The lab hosts have no GPUs, NICs or kernel access, and NVIDIA's and DOCA's repositories are not
+reachable. So the controller builds, with dpkg-deb, one small package for each real one the host
+stack roles install on Debian (roles/{nvidia_driver,nvidia_fabric,cuda_toolkit,rdma}/vars/Debian.yml):
+same name, version from THE versions manifest (inventories/b300/group_vars/all/versions.yml), and
+content that behaves well enough in a systemd container:
+
+- nvidia-smi ships the lab GPU emulator (src/pdctl/lab/fakegpu/nvidia_smi.py) as /usr/bin/nvidia-smi;
+  it reads the host's hardware profile (/etc/pdctl/hw-profile.json, written by roles/lab_hardware).
+- nvidia-fabricmanager ships nv-fabricmanager (reports the profile's fabric manager version, then
+  idles), nvidia-fabricmanager-start.sh and a service unit that runs in a container.
+- nvidia-persistenced ships an idle daemon and its unit; the rest carry only a README.
+
+store.stage_apt excludes these names from the Debian resolution and adds the .debs to the flat repo.
+"""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pdctl import repo
+
+FAKEGPU = Path(__file__).resolve().parent / "fakegpu" / "nvidia_smi.py"
+FAKEGPU_LIB = "/usr/lib/pdctl-fakegpu"
+MAINTAINER = "pdctl lab <pdctl-lab@localhost>"
+DEB_REVISION = "1"
+
+
+@dataclass
+class Standin:
+    name: str
+    version: str
+    description: str
+    files: dict = field(default_factory=dict)  # absolute path -> (text, mode)
+    depends: str = ""
+
+    @property
+    def filename(self) -> str:
+        return "%s_%s_all.deb" % (self.name, self.version)
+
+
+def manifest_path() -> Path:
+    return repo.root() / "inventories" / "b300" / "group_vars" / "all" / "versions.yml"
+
+
+def manifest() -> dict:
+    return yaml.safe_load(manifest_path().read_text())["pdctl_versions"]
+
+
+def _readme(name: str) -> dict:
+    text = ("%s: pdctl lab stand-in. The lab hosts have no GPUs or kernel access; this package only\n"
+            "carries the real package's name and version so the roles install it as in production.\n" % name)
+    return {"/usr/share/doc/%s/README.pdctl-lab" % name: (text, 0o644)}
+
+
+_PERSISTENCED = """#!/bin/sh
+# pdctl lab stand-in for nvidia-persistenced: no GPUs to hold open, so it only stays up.
+echo "nvidia-persistenced (pdctl lab stand-in) started: $*"
+exec sleep infinity
+"""
+
+_PERSISTENCED_UNIT = """[Unit]
+Description=NVIDIA Persistence Daemon (pdctl lab stand-in)
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/nvidia-persistenced --verbose
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_NV_FABRICMANAGER = """#!/usr/bin/python3
+\"\"\"pdctl lab stand-in for nv-fabricmanager: reports the fabric manager version of the host's
+hardware profile (faults.fabric_manager_version wins, to inject a skew), otherwise idles.\"\"\"
+import signal
+import sys
+
+sys.path.insert(0, "%s")
+from nvidia_smi import load_profile  # noqa: E402
+
+
+def version():
+    profile = load_profile()
+    return (profile.get("faults") or {}).get("fabric_manager_version") or profile["fabric_manager_version"]
+
+
+if "--version" in sys.argv or "-v" in sys.argv:
+    print("Fabric Manager version is : " + version())
+    sys.exit(0)
+print("nv-fabricmanager (pdctl lab stand-in) %%s started with %%s" %% (version(), " ".join(sys.argv[1:])), flush=True)
+print("Successfully configured all the available NVSwitches to route GPU NVLink traffic.", flush=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+signal.pause()
+""" % FAKEGPU_LIB
+
+_FM_START = """#!/bin/sh
+# pdctl lab stand-in for nvidia-fabricmanager-start.sh: the real one detects NVLink 5 (an IB device
+# whose VPD holds SW_MNG), starts NVLSM, then nv-fabricmanager. Here: log the mode and run the stand-in.
+set -eu
+echo "nvidia-fabricmanager-start.sh (pdctl lab stand-in): $*"
+exec /usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
+"""
+
+_FM_UNIT = """[Unit]
+Description=NVIDIA fabric manager service (pdctl lab stand-in)
+After=network-online.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/nvidia-fabricmanager-start.sh --mode start --fm-config-file /usr/share/nvidia/nvswitch/fabricmanager.cfg --nvlsm-config-file /usr/share/nvidia/nvlsm/nvlsm.conf
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_NVLSM = """#!/bin/sh
+# pdctl lab stand-in for the NVLink subnet manager (started by nvidia-fabricmanager-start.sh on NVLink 5).
+echo "nvlsm (pdctl lab stand-in) %s"
+"""
+
+_NVCC = """#!/bin/sh
+# pdctl lab stand-in for nvcc: reports the toolkit release it belongs to.
+echo "nvcc: NVIDIA (R) Cuda compiler driver"
+echo "Cuda compilation tools, release %s, V%s"
+"""
+
+
+def standins(versions: dict | None = None) -> list[Standin]:
+    """The stand-in packages for a versions manifest (default: THE manifest)."""
+    v = versions or manifest()
+    drv, fm, nvlsm = v["nvidia_driver"], v["nvidia_fabricmanager"], v["nvlsm"]
+    cuda = str(v["cuda"])
+    cuda_full = cuda + ".0" if cuda.count(".") == 1 else cuda
+    rev = "-" + DEB_REVISION
+    smi = FAKEGPU.read_text()
+    return [
+        Standin("nvidia-kernel-open-dkms", drv + rev, "NVIDIA open GPU kernel modules (DKMS)",
+                _readme("nvidia-kernel-open-dkms")),
+        Standin("libcuda1", drv + rev, "NVIDIA CUDA driver library", _readme("libcuda1")),
+        Standin("nvidia-smi", drv + rev, "NVIDIA System Management Interface (lab GPU emulator)",
+                {"/usr/bin/nvidia-smi": (smi, 0o755), FAKEGPU_LIB + "/nvidia_smi.py": (smi, 0o644)},
+                depends="python3"),
+        Standin("nvidia-persistenced", drv + rev, "NVIDIA persistence daemon",
+                {"/usr/bin/nvidia-persistenced": (_PERSISTENCED, 0o755),
+                 "/lib/systemd/system/nvidia-persistenced.service": (_PERSISTENCED_UNIT, 0o644)}),
+        Standin("nvidia-fabricmanager", fm + rev, "NVIDIA fabric manager",
+                {"/usr/bin/nv-fabricmanager": (_NV_FABRICMANAGER, 0o755),
+                 "/usr/bin/nvidia-fabricmanager-start.sh": (_FM_START, 0o755),
+                 "/usr/share/nvidia/nvswitch/fabricmanager.cfg": ("LOG_LEVEL=4\nDAEMONIZE=0\nFABRIC_MODE=0\n", 0o644),
+                 "/lib/systemd/system/nvidia-fabricmanager.service": (_FM_UNIT, 0o644)},
+                depends="nvidia-smi, python3"),
+        Standin("libnvidia-nscq", fm + rev, "NVIDIA NVSwitch configuration and query library",
+                _readme("libnvidia-nscq")),
+        Standin("nvlsm", nvlsm + rev, "NVIDIA NVLink subnet manager",
+                {"/usr/sbin/nvlsm": (_NVLSM % nvlsm, 0o755),
+                 "/usr/share/nvidia/nvlsm/nvlsm.conf": ("# pdctl lab stand-in\n", 0o644)}),
+        Standin("cuda-toolkit-" + cuda.replace(".", "-"), cuda_full + rev, "CUDA Toolkit " + cuda,
+                {"/usr/local/cuda-%s/bin/nvcc" % cuda: (_NVCC % (cuda, cuda_full), 0o755)}),
+        Standin("doca-ofed", v["doca"] + rev, "DOCA-OFED (ConnectX drivers and RDMA user space)",
+                _readme("doca-ofed")),
+        Standin("gdrdrv-dkms", v["gdrcopy"] + rev, "GDRCopy kernel module (DKMS)", _readme("gdrdrv-dkms")),
+        Standin("libgdrapi", v["gdrcopy"] + rev, "GDRCopy user-space library", _readme("libgdrapi")),
+    ]
+
+
+def names(versions: dict | None = None) -> set[str]:
+    return {s.name for s in standins(versions)}
+
+
+def fingerprint(versions: dict | None = None) -> str:
+    """Changes whenever a stand-in's name, version or content would (staging cache key)."""
+    h = hashlib.sha256()
+    for s in standins(versions):
+        h.update(("%s\0%s\0%s\0%s\0" % (s.name, s.version, s.depends, s.description)).encode())
+        for path, (text, mode) in sorted(s.files.items()):
+            h.update(("%s\0%o\0%s\0" % (path, mode, text)).encode())
+    return h.hexdigest()[:12]
+
+
+def _control(s: Standin) -> str:
+    lines = ["Package: " + s.name, "Version: " + s.version, "Architecture: all", "Maintainer: " + MAINTAINER,
+             "Section: misc", "Priority: optional"]
+    if s.depends:
+        lines.append("Depends: " + s.depends)
+    lines.append("Description: %s (pdctl lab stand-in)" % s.description)
+    lines.append(" Same name and version as the real package; lab hosts only.")
+    return "\n".join(lines) + "\n"
+
+
+def build_one(s: Standin, dest: Path) -> Path:
+    with tempfile.TemporaryDirectory(prefix="pdctl-standin-") as tmp:
+        root = Path(tmp) / s.name
+        (root / "DEBIAN").mkdir(parents=True)
+        (root / "DEBIAN" / "control").write_text(_control(s))
+        for path, (text, mode) in s.files.items():
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            target.chmod(mode)
+        out = dest / s.filename
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def build(dest: Path, versions: dict | None = None) -> list[Path]:
+    """Build every stand-in .deb into dest; return their paths."""
+    dest.mkdir(parents=True, exist_ok=True)
+    return [build_one(s, dest) for s in standins(versions)]
