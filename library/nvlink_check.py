@@ -73,7 +73,7 @@ EXAMPLES = r"""
     host_label: "{{ inventory_hostname }}"
     fabric_manager_version: "{{ pdctl_fm_version | default(omit) }}"
 
-- name: A 1-GPU lab box: expect one GPU and no NVLinks, just report
+- name: A 1-GPU box, expect one GPU and no NVLinks, just report
   nvlink_check:
     profile: {gpu: {count: 1}, nvlink: {links_per_gpu: 0, peer_connection: null}, fabric: {state: null}}
 

@@ -76,7 +76,7 @@ def validate(profile: dict) -> dict:
     if not isinstance(count, int) or count < 0:
         raise ProfileError(f"hardware profile gpu.count {count!r}, expected an integer >= 0")
     for key in ("bus_ids", "numa_nodes", "cpu_affinity"):
-        if key in gpu and len(gpu[key]) < count:
+        if gpu.get(key) and len(gpu[key]) < count:
             raise ProfileError(f"hardware profile gpu.{key} has {len(gpu[key])} entries, expected {count}")
     links = (profile.get("nvlink") or {}).get("links_per_gpu", 0)
     if not isinstance(links, int) or links < 0:
