@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 CHUNK = memoryview(bytes(1 << 20))
@@ -49,56 +50,113 @@ class Leases:
                 self.on_expired(rank)
 
 
-async def serve_side_channel(host: str, port: int, leases: Leases, compat: str):
-    async def handle(reader, writer):
+async def _recv_line(loop, conn, limit=65536) -> tuple[bytes, bytes]:
+    """Read up to the first newline; returns (line, bytes received after it)."""
+    data = b""
+    while b"\n" not in data:
+        chunk = await loop.sock_recv(conn, 65536)
+        if not chunk or len(data) > limit:
+            raise ConnectionError("side channel closed before a full line")
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
+_RESOLVED: dict[tuple[str, int], tuple[str, int]] = {}
+
+
+async def _resolve(loop, host: str, port: int):
+    """IPv4 address of host (cached; getaddrinfo runs in a worker thread)."""
+    try:
+        socket.inet_aton(host)
+        return (host, port)
+    except OSError:
+        pass
+    if (host, port) not in _RESOLVED:
+        infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
+        _RESOLVED[(host, port)] = infos[0][4]
+    return _RESOLVED[(host, port)]
+
+
+class SideChannel:
+    """One producer listener (plain non-blocking sockets: sock_sendall from a shared zero buffer
+    keeps a multi-MB "KV" transfer cheap for the event loop)."""
+
+    def __init__(self, sock: socket.socket, task: asyncio.Task):
+        self.sock, self.task = sock, task
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.sock.close()
+
+
+async def serve_side_channel(host: str, port: int, leases: Leases, compat: str) -> SideChannel:
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(await _resolve(loop, host, port))
+    sock.listen(512)
+    sock.setblocking(False)
+
+    async def handle(conn: socket.socket) -> None:
         try:
-            line = await reader.readline()
+            line, _ = await _recv_line(loop, conn)
             req = json.loads(line)
+            lease = None
             if req.get("compat") != compat:
-                reply, lease = {"ok": False, "error": "handshake compatibility hash mismatch"}, None
+                reply = {"ok": False, "error": "handshake compatibility hash mismatch"}
             else:
                 lease = leases.take(req.get("remote_request_id", ""), req.get("remote_engine_id", ""))
                 reply = ({"ok": True, "nbytes": lease[1]} if lease else
                          {"ok": False, "error": "unknown or expired remote_request_id"})
-            writer.write(json.dumps(reply).encode() + b"\n")
-            if lease:
-                left = lease[1]
-                while left > 0:
-                    n = min(left, len(CHUNK))
-                    writer.write(CHUNK[:n])
-                    left -= n
-                    await writer.drain()
-            await writer.drain()
-        except (ConnectionError, json.JSONDecodeError, asyncio.IncompleteReadError):
+            await loop.sock_sendall(conn, json.dumps(reply).encode() + b"\n")
+            left = lease[1] if lease else 0
+            while left > 0:
+                n = min(left, len(CHUNK))
+                await loop.sock_sendall(conn, CHUNK[:n])
+                left -= n
+        except (OSError, ValueError):
             pass
         finally:
-            writer.close()
+            conn.close()
 
-    return await asyncio.start_server(handle, host, port, reuse_address=True)
+    async def accept_loop() -> None:
+        while True:
+            conn, _ = await loop.sock_accept(sock)
+            conn.setblocking(False)
+            loop.create_task(handle(conn))
+
+    return SideChannel(sock, loop.create_task(accept_loop()))
 
 
 async def pull(host: str, port: int, remote_request_id: str, remote_engine_id: str, compat: str,
                timeout_s: float = 30.0) -> int:
     """Read the request's KV from the producer; returns the byte count or raises KVPullError."""
+    loop = asyncio.get_running_loop()
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conn.setblocking(False)
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, asyncio.TimeoutError) as exc:
-        raise KVPullError(f"NIXL handshake with {host}:{port} failed: {exc}") from None
-    try:
-        writer.write(json.dumps({"remote_request_id": remote_request_id,
-                                 "remote_engine_id": remote_engine_id, "compat": compat}).encode() + b"\n")
-        await writer.drain()
-        reply = json.loads(await asyncio.wait_for(reader.readline(), timeout_s) or b"{}")
+        try:
+            await asyncio.wait_for(loop.sock_connect(conn, await _resolve(loop, host, port)), timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise KVPullError(f"NIXL handshake with {host}:{port} failed: {exc!r}") from None
+        await loop.sock_sendall(conn, json.dumps({"remote_request_id": remote_request_id,
+                                                  "remote_engine_id": remote_engine_id,
+                                                  "compat": compat}).encode() + b"\n")
+        line, rest = await asyncio.wait_for(_recv_line(loop, conn), timeout_s)
+        reply = json.loads(line)
         if not reply.get("ok"):
             raise KVPullError(f"KV transfer from {host}:{port} failed: {reply.get('error', 'no reply')}")
-        left = nbytes = int(reply["nbytes"])
-        while left > 0:
-            chunk = await asyncio.wait_for(reader.read(min(left, 1 << 20)), timeout_s)
-            if not chunk:
-                raise KVPullError(f"KV transfer from {host}:{port} truncated")
-            left -= len(chunk)
+        nbytes = int(reply["nbytes"])
+        got = len(rest)
+        buf = bytearray(min(nbytes, 1 << 20) or 1)
+        while got < nbytes:
+            n = await asyncio.wait_for(loop.sock_recv_into(conn, buf), timeout_s)
+            if n == 0:
+                raise KVPullError(f"KV transfer from {host}:{port} truncated at {got}/{nbytes} bytes")
+            got += n
         return nbytes
-    except (OSError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+    except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
         raise KVPullError(f"KV transfer from {host}:{port} failed: {exc!r}") from None
     finally:
-        writer.close()
+        conn.close()

@@ -24,6 +24,11 @@ GOLDEN = 0.6180339887498949
 BLOCK_SIZE = 64
 KV_CAPACITY_TOKENS = 1_000_000  # per DP rank, for vllm:kv_cache_usage_perc only
 DEFAULT_MAX_NUM_SEQS = 1024
+TRACE = bool(os.environ.get("PDCTL_ENGINE_TRACE"))
+
+
+def loop_now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 class RequestFailed(Exception):
@@ -232,6 +237,8 @@ class Engine:
                 m.prompt_tokens.inc(key, req["prompt_tokens"])
             m.prefill_time.observe(key, first_at - scheduled)
             m.ttft.observe(key, first_at - arrival)
+            if TRACE:
+                log.info("trace %s first=%.4f", req["id"], time.time() - (loop.time() - first_at))
             pieces = req["pieces"]
             sent = 1
             m.generation_tokens.inc(key, 1)
@@ -355,6 +362,7 @@ async def handle_generate(request: web.Request, kind: str):
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + base_id
     kv_params = body.get("kv_transfer_params")
     if engine.role == "kv_consumer" and not (kv_params or {}).get("do_remote_prefill"):
+        log.warning("request %s without kv_transfer_params rejected (kv_consumer)", rid)
         return error_response(400, "BadRequestError", "This decode instance (kv_role=kv_consumer) needs "
                               "kv_transfer_params from a prefill instance; send requests through the P/D router.")
     try:
@@ -367,6 +375,8 @@ async def handle_generate(request: web.Request, kind: str):
         return error_response(exc.status, exc.err_type, exc.message)
     req = {"id": rid, "arrival": arrival, "prompt_tokens": prompt_tokens, "pieces": pieces, "finish": finish,
            "kv_params": kv_params, "rank": engine.pick_rank(request.headers.get("X-data-parallel-rank"))}
+    if TRACE:
+        log.info("trace %s arrival=%.4f parsed=%.4f", rid, time.time() - (loop_now() - arrival), time.time())
     engine.in_flight += 1
     engine.idle.clear()
     try:
@@ -506,6 +516,7 @@ async def handle_tokenize(request):
 
 async def handle_render(request):
     engine: Engine = request.app["engine"]
+    t_start = loop_now()
     try:
         body = await request.json()
         if request.path.startswith("/v1/chat"):
@@ -519,6 +530,8 @@ async def handle_render(request):
     except (json.JSONDecodeError, AttributeError) as exc:
         return error_response(400, "BadRequestError", str(exc))
     out = {"request_id": uuid.uuid4().hex, "token_ids": ids or [0]}
+    if TRACE:
+        log.info("trace render %.1f ms", 1000 * (loop_now() - t_start))
     return web.json_response(out if request.path.startswith("/v1/chat") else [out])
 
 
