@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 BOOL = "bool"
 JSON = "json"
@@ -96,7 +97,11 @@ OPTIONS: list[tuple[str, str | None, object, object]] = [
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # same wording and exit code as argparse in `vllm serve`
-        self.print_usage()
+        if message.startswith("unrecognized arguments:") and re.search(r"(^|\s)--task(=|\s|$)", message):
+            message += ("\n\nHint: --task is not a vllm serve option. For embedding, reranking, or reward "
+                        "models, use --runner pooling. To adapt a generative model for pooling, also use "
+                        "--convert embed, --convert classify, or --convert reward.")
+        self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
