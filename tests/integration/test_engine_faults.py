@@ -1,0 +1,143 @@
+"""Issue 5, acceptance 4: each fault of the stand-in's profile, lease expiry and SIGTERM drain."""
+import json
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+import conftest_engine as ce
+from pdctl.lab import tokenizer
+
+pytestmark = pytest.mark.slow
+
+FAST = {"prefill_tokens_per_s": 200000, "prefill_overhead_ms": 5, "decode_step_ms": 10,
+        "kv_bytes_per_token": 1024}
+PRODUCER = ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_producer",'
+            '"kv_connector_extra_config":{"kv_lease_duration":1}}', "-dp", "2"]
+CONSUMER = ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}', "-dp", "2"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tokenizer.build(tmp_path_factory.mktemp("faults") / "model")
+
+
+def chat(model, **extra):
+    return {"model": str(model), "messages": [{"role": "user", "content": "lorem ipsum dolor " * 50}],
+            "max_tokens": 8, **extra}
+
+
+def prefill_leg(producer, model):
+    status, text = ce.http_post(producer.url + "/v1/chat/completions",
+                                chat(model, max_tokens=1, kv_transfer_params={"do_remote_decode": True}))
+    assert status == 200, text
+    return json.loads(text)["kv_transfer_params"]
+
+
+def counter(proc, name):
+    return sum(ce.metric_values(proc.metrics(), name))
+
+
+def test_crash_after_requests(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"crash_after_requests": 3})
+    eng = ce.start_engine(model, [], prof, tmp_path, "crash")
+    for _ in range(3):
+        assert ce.http_post(eng.url + "/v1/chat/completions", chat(model))[0] == 200
+    eng.p.wait(5)
+    assert eng.p.returncode not in (0, None)
+    eng.stop()
+
+
+def test_refused_side_channel_fails_decode(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"refuse_side_channel": True})
+    producer = ce.start_engine(model, PRODUCER, prof, tmp_path, "p")
+    consumer = ce.start_engine(model, CONSUMER, prof, tmp_path, "d")
+    try:
+        params = prefill_leg(producer, model)
+        status, text = ce.http_post(consumer.url + "/v1/chat/completions", chat(model, kv_transfer_params=params))
+        assert status == 500
+        assert json.loads(text)["error"] == {"message": "Internal server error", "type": "InternalServerError",
+                                             "param": None, "code": 500}
+        params = prefill_leg(producer, model)  # streamed: 200, then an error event, then [DONE]
+        status, text = ce.http_post(consumer.url + "/v1/chat/completions",
+                                    chat(model, stream=True, kv_transfer_params=params))
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert status == 200 and json.loads(events[0])["error"]["code"] == 500 and events[-1] == "[DONE]"
+        assert counter(consumer, "vllm:nixl_num_failed_transfers_total") == 2
+        # a consumer without kv_transfer_params refuses the request
+        assert ce.http_post(consumer.url + "/v1/chat/completions", chat(model))[0] == 400
+    finally:
+        producer.stop()
+        consumer.stop()
+
+
+def test_expired_lease_fails_decode(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST)
+    producer = ce.start_engine(model, PRODUCER, prof, tmp_path, "p")
+    consumer = ce.start_engine(model, CONSUMER, prof, tmp_path, "d")
+    try:
+        ok = prefill_leg(producer, model)
+        assert ce.http_post(consumer.url + "/v1/chat/completions", chat(model, kv_transfer_params=ok))[0] == 200
+        late = prefill_leg(producer, model)
+        time.sleep(1.8)  # kv_lease_duration is 1 s
+        assert ce.http_post(consumer.url + "/v1/chat/completions", chat(model, kv_transfer_params=late))[0] == 500
+        assert counter(producer, "vllm:nixl_num_kv_expired_reqs_total") == 1
+        assert counter(consumer, "vllm:nixl_num_failed_transfers_total") == 1
+        assert counter(consumer, "vllm:nixl_xfer_time_seconds_count") == 1
+        assert counter(consumer, "vllm:nixl_bytes_transferred_sum") > 100 * 1024  # ~150 tokens x 1 KiB
+    finally:
+        producer.stop()
+        consumer.stop()
+
+
+def test_leak_rss(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"leak_rss_mb_per_min": 600})
+    eng = ce.start_engine(model, [], prof, tmp_path, "leak")
+    try:
+        before = ce.metric_values(eng.metrics(), "process_resident_memory_bytes")[0]
+        time.sleep(4.5)
+        after = ce.metric_values(eng.metrics(), "process_resident_memory_bytes")[0]
+        assert after - before > 25 * 2**20  # 10 MiB/s for ~4 s
+    finally:
+        eng.stop()
+
+
+def test_slow_start_refuses_connections(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"slow_start_s": 3})
+    eng = ce.start_engine(model, [], prof, tmp_path, "slow", wait=False)
+    try:
+        time.sleep(1.0)
+        port = int(eng.url.rsplit(":", 1)[1])
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        t0 = time.time()
+        eng.wait_ready(timeout=10)
+        assert time.time() - t0 > 1.0
+    finally:
+        eng.stop()
+
+
+def test_sigterm_drains_then_exits_zero(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency={**FAST, "decode_step_ms": 100})
+    eng = ce.start_engine(model, ["--shutdown-timeout", "30"], prof, tmp_path, "drain")
+    result = {}
+
+    def long_request():
+        result["in_flight"] = ce.http_post(eng.url + "/v1/chat/completions",
+                                           chat(model, max_tokens=30, ignore_eos=True))
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.5)
+    eng.p.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    status, text = ce.http_post(eng.url + "/v1/chat/completions", chat(model))
+    assert status == 503 and json.loads(text)["error"]["code"] == 503
+    assert ce.http_get(eng.url + "/health")[0] == 200  # /health does not report draining
+    t.join(20)
+    assert result["in_flight"][0] == 200
+    assert json.loads(result["in_flight"][1])["usage"]["completion_tokens"] == 30
+    assert eng.p.wait(10) == 0
+    eng.stop()
