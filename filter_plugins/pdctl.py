@@ -5,6 +5,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
+import pdctl_serving  # noqa: E402
 import pdctl_topology  # noqa: E402  (module_utils is not a package the controller can import otherwise)
 
 
@@ -35,6 +36,21 @@ def pdctl_mount_of(mounts, path):
     return best
 
 
+def pdctl_repeat_flag(values, flag):
+    """[a, b] -> [flag, a, flag, b] (for flags that take one value per occurrence)."""
+    return [word for value in values for word in (flag, str(value))]
+
+
 class FilterModule:
     def filters(self):
-        return {"pdctl_plan": pdctl_plan, "pdctl_mount_of": pdctl_mount_of}
+        return {
+            "pdctl_plan": pdctl_plan,
+            "pdctl_mount_of": pdctl_mount_of,
+            "pdctl_in_venv": pdctl_serving.in_venv,
+            "pdctl_serve_argv": pdctl_serving.serve_argv,
+            "pdctl_check_argv": pdctl_serving.check_argv,
+            "pdctl_serve_environment": pdctl_serving.serve_environment,
+            "pdctl_systemd_quote": pdctl_serving.systemd_quote,
+            "pdctl_env_file": pdctl_serving.env_file,
+            "pdctl_repeat_flag": pdctl_repeat_flag,
+        }

@@ -11,8 +11,10 @@ class InventoryError(Exception):
     pass
 
 
-def load(inventory: str | os.PathLike) -> dict:
-    """Return {host: {"groups": [...], "vars": {...}}} with every variable templated.
+def load(inventory: str | os.PathLike, names=None) -> dict:
+    """Return {host: {"groups": [...], "vars": {...}}} with the named variables templated.
+
+    names: the variables wanted (default: the planner's inputs).
 
     Vault-encrypted values are left encrypted (never decrypted here): the planner needs none.
     """
@@ -35,7 +37,7 @@ def load(inventory: str | os.PathLike) -> dict:
         for host in inv.get_hosts():
             hv = variables.get_vars(host=host, include_hostvars=False)
             templar = Templar(loader=loader, variables=hv)
-            wanted = {k: v for k, v in hv.items() if k in topology.PLAN_VARS}
+            wanted = {k: v for k, v in hv.items() if k in (names or topology.PLAN_VARS)}
             hosts[host.name] = {
                 "groups": sorted(g.name for g in host.get_groups() if g.name != "all"),
                 "vars": templar.template(wanted),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdctl import repo
-from pdctl.lab import image, store
+from pdctl.lab import image, stage, store
 
 NETWORK = "pdctl-lab"
 SUBNET = "10.89.64.0/24"
@@ -169,6 +169,7 @@ def up(inventory_dir: Path | None = None) -> int:
                     _forget_host_key(host)  # a new container has new host keys
         # The store binds to the network's gateway, which exists once a container is attached.
         store.ensure_started(lab_dir())
+        stage.stage_all(lab_dir(), inventory_path(), store.GATEWAY)
         for host in hosts:
             _wait_ssh(host, key, known_hosts)
         step("%d hosts up in %.1fs: %s" % (len(hosts), time.monotonic() - t0,
@@ -194,6 +195,7 @@ def down(inventory_dir: Path | None = None) -> int:
     if run(["podman", "network", "exists", NETWORK], check=False).returncode == 0:
         run(["podman", "network", "rm", NETWORK])
     store.stop(lab_dir())
+    stage.stop_all(lab_dir())
     step("down (the image stays cached; `podman image rm` it to rebuild)")
     return 0
 

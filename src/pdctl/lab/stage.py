@@ -1,0 +1,199 @@
+"""What `pdctl lab up` stages on the controller for the lab hosts, besides the apt repository.
+
+- secrets: the router API key and a Hub token (the lab's stand-ins for Ansible Vault entries);
+- the synthetic model, served by a Hub API stub on the lab network (the real Hub client code runs);
+- the wheelhouse: the engine stand-in built from this checkout, NIXL and vllm-router, with deps.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from pdctl import inventory, repo, wheelhouse
+from pdctl.lab import image
+
+HUB_PORT = 8781
+MODEL_SIZE_MB = 1024
+ENGINE_DIST = "pdctl-lab-engine"
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+# -- secrets -----------------------------------------------------------------------------------
+
+def ensure_secrets(lab_dir: Path) -> None:
+    d = lab_dir / "secrets"
+    d.mkdir(mode=0o700, exist_ok=True)
+    for name, prefix in (("api-key", "lab-"), ("hf-token", "hf_lab")):
+        path = d / name
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(prefix + secrets.token_urlsafe(24))
+
+
+# -- background servers ------------------------------------------------------------------------
+
+def _pid(lab_dir: Path, name: str) -> int | None:
+    try:
+        pid = int((lab_dir / ("%s.pid" % name)).read_text())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+
+
+def start_daemon(lab_dir: Path, name: str, argv: list[str], probe_url: str, ok_codes=(200,)) -> None:
+    if _pid(lab_dir, name):
+        return
+    log = open(lab_dir / ("%s.log" % name), "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    (lab_dir / ("%s.pid" % name)).write_text(str(proc.pid))
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            urllib.request.urlopen(probe_url, timeout=2).close()
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code in ok_codes:
+                return
+            err = exc
+        except OSError as exc:
+            err = exc
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("%s did not start (%s); see %s" % (name, err, lab_dir / ("%s.log" % name)))
+        time.sleep(0.2)
+
+
+def stop_daemon(lab_dir: Path, name: str) -> None:
+    pid = _pid(lab_dir, name)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+    (lab_dir / ("%s.pid" % name)).unlink(missing_ok=True)
+
+
+# -- model ---------------------------------------------------------------------------------------
+
+def ensure_model(lab_dir: Path, bind: str) -> str:
+    """Build the synthetic model once (cached by generator code), serve it as the Hub; return its revision."""
+    from pdctl.lab import synthetic_model
+
+    src = repo.root() / "src" / "pdctl" / "lab"
+    key = _digest(src / "synthetic_model.py", src / "tokenizer.py")
+    model_dir = image.cache_dir() / ("model-%dmb-%s" % (MODEL_SIZE_MB, key))
+    info_file = model_dir / ".pdctl-build.json"
+    if not info_file.exists():
+        t0 = time.monotonic()
+        shutil.rmtree(model_dir, ignore_errors=True)
+        info = synthetic_model.build(str(model_dir), size_mb=MODEL_SIZE_MB)
+        info_file.write_text(info["revision"])
+        print("lab: built the synthetic model (%d MB, revision %s) in %.1fs"
+              % (MODEL_SIZE_MB, info["revision"][:12], time.monotonic() - t0), flush=True)
+    revision = info_file.read_text().strip()
+    (lab_dir / "model-revision").write_text(revision)
+    token_file = lab_dir / "secrets" / "hf-token"
+    start_daemon(lab_dir, "hub", [sys.executable, "-m", "pdctl.lab.stage", "hub", str(model_dir), bind,
+                                  str(HUB_PORT), str(token_file)],
+                 "http://%s:%d/api/models/%s/revision/main" % (bind, HUB_PORT, synthetic_model.REPO_ID),
+                 ok_codes=(401,))
+    return revision
+
+
+def _serve_hub(model_dir: str, bind: str, port: str, token_file: str) -> None:
+    from pdctl.lab.synthetic_model import HubStub
+
+    token = Path(token_file).read_text().strip()
+    with HubStub(model_dir, token=token, host=bind, port=int(port)) as stub:
+        print("Hub stub for %s at %s (revision %s)" % (stub.repo_id, stub.url, stub.revision), flush=True)
+        stub._thread.join()
+
+
+# -- wheels --------------------------------------------------------------------------------------
+
+def _build_engine_wheel(dest: Path) -> None:
+    """The stand-in as its own small distribution: the engine package and its runtime deps only."""
+    root = repo.root()
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    pins = {p.split("==")[0].lower(): p for p in project["dependencies"] + project["optional-dependencies"]["lab"]}
+    # numpy is not the engine's: NIXL needs it on the lab hosts, where NIXL comes without deps.
+    deps = [pins[name] for name in ("aiohttp", "tokenizers", "pyyaml", "jinja2", "numpy")]
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = Path(tmp) / "src" / "pdctl"
+        (pkg / "lab").mkdir(parents=True)
+        (pkg / "__init__.py").write_text('"""pdctl lab engine stand-in (lab hosts only)."""\n')
+        (pkg / "lab" / "__init__.py").write_text("")
+        shutil.copy(root / "src/pdctl/lab/tokenizer.py", pkg / "lab" / "tokenizer.py")
+        shutil.copytree(root / "src/pdctl/lab/engine", pkg / "lab" / "engine",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        (Path(tmp) / "pyproject.toml").write_text(
+            '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+            '[project]\nname = "%s"\nversion = "%s"\nrequires-python = ">=3.11"\ndependencies = %s\n'
+            '[project.scripts]\npdctl-lab-engine = "pdctl.lab.engine.cli:main"\n'
+            '[tool.setuptools.packages.find]\nwhere = ["src"]\n' % (ENGINE_DIST, project["version"], json.dumps(deps)))
+        res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                              "--wheel-dir", str(dest), tmp], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError("building the %s wheel failed: %s" % (ENGINE_DIST, res.stderr[-2000:]))
+
+
+def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
+    hosts = inventory.load(inventory_dir, names=("pdctl_engine", "pdctl_versions"))
+    hv = next(iter(hosts.values()))["vars"]
+    requirements = [r for r in hv["pdctl_engine"]["packages"] if not r.startswith(ENGINE_DIST)]
+    requirements.append("vllm-router==%s" % hv["pdctl_versions"]["vllm_router"])
+    no_deps = list(hv["pdctl_engine"].get("packages_no_deps") or [])
+    engine_src = sorted((repo.root() / "src/pdctl/lab/engine").glob("*.py")) + [
+        repo.root() / "src/pdctl/lab/tokenizer.py", repo.root() / "pyproject.toml"]
+    key = hashlib.sha256(("\0".join(requirements + no_deps) + _digest(*engine_src)).encode()).hexdigest()[:12]
+    cache = image.cache_dir() / ("wheels-" + key)
+    if not (cache / ".complete").exists():
+        t0 = time.monotonic()
+        shutil.rmtree(cache, ignore_errors=True)
+        _build_engine_wheel(cache)
+        wheelhouse.download([str(next(cache.glob("pdctl_lab_engine-*.whl")))] + requirements, cache)
+        if no_deps:
+            wheelhouse.download(no_deps, cache, no_deps=True)
+        (cache / ".complete").write_text("\n".join(requirements) + "\n")
+        print("lab: staged %d wheels in %.1fs" % (len(list(cache.glob("*.whl"))), time.monotonic() - t0), flush=True)
+    target = lab_dir / "store" / "wheels"
+    if target.is_symlink() and os.readlink(target) == str(cache):
+        return
+    if target.is_symlink():
+        target.unlink()
+    elif target.exists():
+        shutil.rmtree(target)
+    target.symlink_to(cache)
+
+
+def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> None:
+    ensure_secrets(lab_dir)
+    ensure_wheels(lab_dir, inventory_dir)
+    ensure_model(lab_dir, bind)
+
+
+def stop_all(lab_dir: Path) -> None:
+    stop_daemon(lab_dir, "hub")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "hub":
+        _serve_hub(*sys.argv[2:])
+    else:
+        sys.exit("usage: python -m pdctl.lab.stage hub MODEL_DIR BIND PORT TOKEN_FILE")
