@@ -1,0 +1,119 @@
+"""`pdctl render`: the units carry exactly the recipe's flags; the lab differs only where it must."""
+import re
+import shlex
+
+import pytest
+
+from inventories import ROOT
+from pdctl import cli
+
+RECIPE = (ROOT / "tests/fixtures/recipe-commands.txt").read_text()
+PLAN_ADDED = {"--port", "--data-parallel-rpc-port"}  # what the plan adds per instance, nothing else
+
+
+def recipe_command(pool):
+    body = RECIPE.split("---%s---\n" % pool)[1].split("---")[0]
+    return shlex.split(body.replace("\n", " "))
+
+
+def flags(argv):
+    """[(flag, value-or-None)] from an argv after `serve MODEL`, `--a=b` split like argparse does."""
+    words = argv[argv.index("serve") + 2:]
+    out, i = [], 0
+    while i < len(words):
+        word = words[i]
+        assert word.startswith("-"), "stray word %r in %r" % (word, words)
+        if "=" in word:
+            out.append(tuple(word.split("=", 1)))
+            i += 1
+        elif i + 1 < len(words) and not words[i + 1].startswith("-"):
+            out.append((word, words[i + 1]))
+            i += 2
+        else:
+            out.append((word, None))
+            i += 1
+    return sorted(out)
+
+
+def exec_start(unit_text):
+    line = next(l for l in unit_text.splitlines() if l.startswith("ExecStart="))
+    return shlex.split(line[len("ExecStart="):].replace("%%", "%"))
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = {}
+    for inv in ("b300", "lab"):
+        d = tmp_path_factory.mktemp(inv)
+        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        out[inv] = d
+    return out
+
+
+def units(root, pattern="pdctl-vllm-*.service"):
+    return {p.name: p.read_text() for p in root.glob("*/etc/systemd/system/" + pattern)}
+
+
+@pytest.mark.parametrize("pool", ["prefill", "decode"])
+def test_rendered_flags_equal_the_recipe(rendered, pool):
+    want = flags(recipe_command(pool))
+    found = {name: text for name, text in units(rendered["b300"]).items() if pool in name}
+    assert len(found) == (4 if pool == "prefill" else 1)
+    for name, text in found.items():
+        argv = exec_start(text)
+        assert argv[0] == "/opt/pdctl/venvs/current/bin/vllm" and argv[1:3] == ["serve", "/mnt/model/glm/GLM-5.2-NVFP4"]
+        got = flags(argv)
+        assert {f for f, _ in got} - {f for f, _ in want} == PLAN_ADDED, name
+        assert [fv for fv in got if fv[0] not in PLAN_ADDED] == want, name
+
+
+def test_every_instance_gets_its_own_gpus_ports_and_side_channel(rendered):
+    envs = {p.name: p.read_text() for p in rendered["b300"].glob("*/etc/pdctl/*.env")}
+    assert len(envs) == 5
+    for text in envs.values():
+        assert 'VLLM_USE_V2_MODEL_RUNNER="1"' in text
+        assert re.search(r'VLLM_NIXL_SIDE_CHANNEL_HOST="192\.0\.2\.1[123]"', text)
+    p1 = envs["prefill-1.env"]
+    assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in p1 and 'VLLM_NIXL_SIDE_CHANNEL_PORT="5604"' in p1
+    assert 'CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"' in envs["decode-0.env"]
+
+
+def test_units_run_unprivileged_and_drain_before_kill(rendered):
+    for name, text in units(rendered["b300"]).items():
+        assert "User=pdctl" in text and "LimitMEMLOCK=infinity" in text and "Restart=on-failure" in text
+        stop = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
+        assert stop > 300, "%s: systemd must outwait --shutdown-timeout 300" % name
+        assert not re.search(r"^(PrivateDevices|DevicePolicy)=", text, re.M), "GPU/RDMA devices must stay reachable"
+
+
+def test_router_is_pd_with_every_planned_upstream(rendered):
+    (text,) = units(rendered["b300"], "pdctl-router.service").values()
+    argv = exec_start(text)
+    assert "--vllm-pd-disaggregation" in argv and argv[argv.index("--kv-connector") + 1] == "nixl"
+    prefills = [argv[i + 1] for i, w in enumerate(argv) if w == "--prefill"]
+    assert prefills == ["http://192.0.2.11:8100", "http://192.0.2.11:8101", "http://192.0.2.12:8100",
+                        "http://192.0.2.12:8101"]
+    assert [argv[i + 1] for i, w in enumerate(argv) if w == "--decode"] == ["http://192.0.2.13:8100"]
+    assert argv[argv.index("--api-key") + 1] == "${ROUTER_API_KEY}", "the key itself never enters the unit"
+
+
+def test_lab_units_differ_only_in_engine_and_addresses(rendered):
+    def normalise(text, engine):
+        text = text.replace(engine, "ENGINE")
+        text = re.sub(r"(192\.0\.2|10\.89\.64)\.1([123])", r"ADDR\2", text)
+        return re.sub(r"b300-|lab-", "HOST-", text)
+
+    b300, lab = units(rendered["b300"]), units(rendered["lab"])
+    assert b300.keys() == lab.keys()
+    for name in b300:
+        assert normalise(b300[name], "/opt/pdctl/venvs/current/bin/vllm") == \
+            normalise(lab[name], "/opt/pdctl/venvs/current/bin/pdctl-lab-engine"), name
+
+
+def test_render_rejects_an_invalid_inventory(tmp_path, capsys):
+    from inventories import inventory_variant
+    from malformed import CASES
+
+    inv = inventory_variant(tmp_path / "inv", CASES[0][1])
+    assert cli.main(["render", "-i", str(inv), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
