@@ -1,0 +1,108 @@
+"""The GPU host stack (issue 3) on the lab: converge from the artifact store, idempotence, truthful
+check mode, a manifest version skew refused before any install, and one test per injected fault."""
+import pytest
+import yaml
+
+from conftest import LAB_ENV
+from inventories import ROOT, inventory_variant
+from pdctl import runner
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+HOSTS = {"lab-prefill-0", "lab-prefill-1", "lab-decode-0"}
+# site.yml's preflight (always), host_base and the host stack; the later plays are other issues'.
+SITE_TAGS = "host_base,host_stack"
+FAULTY = "lab-prefill-1"
+
+
+def _manifest():
+    path = ROOT / "inventories" / "b300" / "group_vars" / "all" / "versions.yml"
+    return yaml.safe_load(path.read_text())["pdctl_versions"]
+
+
+@pytest.fixture(scope="module")
+def host_stack(lab):
+    """site.yml (up to the host stack) applied to the lab; the result of that run."""
+    result = runner.run_playbook("site.yml", lab, tags=SITE_TAGS, envvars=LAB_ENV)
+    assert result.ok, "host stack converge failed:\n%s\n%s" % (result.recap(), result.failures)
+    return result
+
+
+def test_site_installs_the_host_stack_on_every_host(host_stack):
+    assert set(host_stack.stats["ok"]) == HOSTS
+    assert host_stack.total("failures") == 0 and host_stack.total("dark") == 0
+
+
+def test_second_run_changes_nothing(host_stack, lab):
+    result = runner.run_playbook("site.yml", lab, tags=SITE_TAGS, envvars=LAB_ENV)
+    assert result.ok, result.failures
+    assert result.total("changed") == 0, "not idempotent:\n" + result.recap()
+
+
+def test_check_diff_on_converged_lab_reports_nothing(host_stack, lab):
+    result = runner.run_playbook("site.yml", lab, tags=SITE_TAGS, check=True, diff=True, envvars=LAB_ENV)
+    assert result.ok, result.failures
+    assert result.total("changed") == 0, result.recap()
+
+
+def test_fabric_manager_version_skew_fails_before_any_install(host_stack, tmp_path):
+    versions = dict(_manifest(), nvidia_fabricmanager="580.82.07")
+    inv = inventory_variant(tmp_path / "inv", {"group_vars/all": {"pdctl_versions": versions}})
+    result = runner.run_playbook("site.yml", inv, tags=SITE_TAGS, envvars=LAB_ENV)
+    assert not result.ok
+    assert result.total("changed") == 0, result.recap()
+    assert {f["task"] for f in result.failures} == {"Fabric manager, NSCQ and NVLSM versions equal the driver version"}
+    for f in result.failures:
+        assert f["host"] in f["msg"]
+        assert "580.82.07" in f["msg"] and "580.95.05" in f["msg"]
+        assert "Nothing was installed" in f["msg"]
+
+
+@pytest.fixture
+def restore_lab_hardware(lab):
+    """After a fault test, put the lab's normal hardware profile back (lab_hardware only)."""
+    yield
+    result = runner.run_playbook("playbooks/host_stack.yml", lab, tags="lab_hardware", envvars=LAB_ENV)
+    assert result.ok, result.failures
+
+
+FAULTS = [
+    ("missing_gpu", {"pdctl_lab_hw_profile": {"faults": {"missing_gpus": [5]}}},
+     "Host sees every GPU at the manifest driver version",
+     ["7 GPUs at driver 580.95.05", "expected 8 GPUs", "GPU slot 5 (00000000:BB:00.0) missing"]),
+    ("link_down", {"pdctl_lab_hw_profile": {"faults": {"links_down": [{"gpu": 2, "link": 7}]}}},
+     "GPUs, NVLinks, fabric and versions match the expected hardware",
+     ["GPU 2 link 7: state Inactive, expected Active", "GPU2 <-> GPU3: NV17, expected NV18"]),
+    ("fabric_not_completed",
+     {"pdctl_lab_hw_profile": {"faults": {"fabric": [{"gpu": 3, "state": "In Progress", "status": "N/A"}]}},
+      "nvidia_fabric_wait_timeout": 4, "nvidia_fabric_wait_delay": 2},
+     "Every GPU reports fabric state Completed and status Success",
+     ["GPU 3 (00000000:70:00.0): fabric state In Progress/status N/A, expected Completed/Success"]),
+    ("ecc_errors", {"pdctl_lab_hw_profile": {"faults": {"ecc_errors": [{"gpu": 1, "volatile_uncorrected": 4}]}}},
+     "No GPU reports uncorrected ECC errors",
+     ["GPU 1 (00000000:3D:00.0): 4 volatile uncorrected ECC errors, expected 0"]),
+    ("fabric_manager_skew", {"pdctl_lab_hw_profile": {"faults": {"fabric_manager_version": "580.82.07"}}},
+     "GPUs, NVLinks, fabric and versions match the expected hardware",
+     ["nvidia-fabricmanager 580.82.07 does not match driver 580.95.05"]),
+    ("driver_skew", {"pdctl_lab_hw_profile": {"faults": {"driver_version": "580.82.07"}}},
+     "Host sees every GPU at the manifest driver version",
+     ["8 GPUs at driver 580.82.07, expected 8 GPUs at driver 580.95.05"]),
+    ("rdma_port_down", {"pdctl_lab_ib_devices": [{"name": "mlx5_%d" % i, "state": "DOWN" if i == 3 else "ACTIVE"}
+                                                for i in range(8)] + [{"name": "mlx5_8", "vpd": "SW_MNG"}]},
+     "Every RDMA device the inventory names is present and ACTIVE",
+     ["device mlx5_3 port 1: state 1: DOWN, expected ACTIVE"]),
+]
+
+
+@pytest.mark.parametrize("case,host_vars,task,words", FAULTS, ids=[f[0] for f in FAULTS])
+def test_injected_fault_fails_the_post_check(host_stack, restore_lab_hardware, tmp_path, case, host_vars, task, words):
+    inv = inventory_variant(tmp_path / "inv", {"host_vars/" + FAULTY: host_vars})
+    result = runner.run_playbook("playbooks/host_stack.yml", inv, envvars=LAB_ENV)
+    assert not result.ok
+    assert [(f["host"], f["task"]) for f in result.failures] == [(FAULTY, task)], result.failures
+    message = str(result.failures[0]["msg"])
+    assert FAULTY in message
+    for w in words:
+        assert w in message, message
+    # The healthy hosts went through the whole host stack.
+    assert result.stats["failures"].keys() == {FAULTY}
