@@ -1,0 +1,86 @@
+"""Lab stand-in packages: real names, manifest versions, the GPU emulator inside, staged by the store."""
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from inventories import ROOT
+from pdctl.lab import standin_debs, store
+
+pytestmark = pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb")
+
+HOST_STACK_ROLES = ("nvidia_driver", "nvidia_fabric", "cuda_toolkit", "rdma")
+
+
+def _field(deb, name):
+    return subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_versions_come_from_the_manifest():
+    v = standin_debs.manifest()
+    by_name = {s.name: s.version for s in standin_debs.standins()}
+    assert by_name["nvidia-smi"] == v["nvidia_driver"] + "-1"
+    assert by_name["nvidia-kernel-open-dkms"] == v["nvidia_driver"] + "-1"
+    assert by_name["nvidia-fabricmanager"] == v["nvidia_fabricmanager"] + "-1"
+    assert by_name["libnvidia-nscq"] == v["nvidia_fabricmanager"] + "-1"
+    assert by_name["nvlsm"] == v["nvlsm"] + "-1"
+    assert by_name["cuda-toolkit-" + str(v["cuda"]).replace(".", "-")].startswith(str(v["cuda"]) + ".")
+    assert by_name["doca-ofed"] == v["doca"] + "-1"
+    assert by_name["libgdrapi"] == v["gdrcopy"] + "-1"
+
+
+def test_a_manifest_change_changes_names_versions_and_the_staging_key():
+    v = dict(standin_debs.manifest(), nvidia_driver="580.105.08", cuda="13.1")
+    assert "cuda-toolkit-13-1" in standin_debs.names(v)
+    assert {s.version for s in standin_debs.standins(v) if s.name == "nvidia-smi"} == {"580.105.08-1"}
+    assert standin_debs.fingerprint(v) != standin_debs.fingerprint()
+
+
+def test_every_nvidia_package_the_roles_declare_for_debian_is_a_standin():
+    declared = set()
+    for role in HOST_STACK_ROLES:
+        data = yaml.safe_load((ROOT / "roles" / role / "vars" / "Debian.yml").read_text())
+        for key, value in data.items():
+            if key.endswith("_packages"):
+                declared.update(value)
+    # infiniband-diags is real Debian; everything else the host stack installs is a stand-in.
+    assert declared - standin_debs.names() == {"infiniband-diags"}
+
+
+def test_built_debs_carry_the_real_names_and_the_emulator(tmp_path):
+    debs = {p.name: p for p in standin_debs.build(tmp_path)}
+    assert len(debs) == len(standin_debs.standins())
+    smi = next(p for n, p in debs.items() if n.startswith("nvidia-smi_"))
+    assert _field(smi, "Package") == "nvidia-smi"
+    assert _field(smi, "Version") == standin_debs.manifest()["nvidia_driver"] + "-1"
+    extract = tmp_path / "x"
+    subprocess.run(["dpkg-deb", "-x", str(smi), str(extract)], check=True)
+    shipped = extract / "usr/bin/nvidia-smi"
+    assert shipped.read_text() == standin_debs.FAKEGPU.read_text()
+    assert shipped.stat().st_mode & 0o111
+    fm = next(p for n, p in debs.items() if n.startswith("nvidia-fabricmanager_"))
+    listing = subprocess.run(["dpkg-deb", "-c", str(fm)], capture_output=True, text=True, check=True).stdout
+    assert "./lib/systemd/system/nvidia-fabricmanager.service" in listing
+    assert "./usr/bin/nv-fabricmanager" in listing
+
+
+def test_fabric_manager_standin_reports_the_profile_version(tmp_path):
+    fm = next(s for s in standin_debs.standins() if s.name == "nvidia-fabricmanager")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(standin_debs.FAKEGPU, lib / "nvidia_smi.py")
+    script = fm.files["/usr/bin/nv-fabricmanager"][0].replace(standin_debs.FAKEGPU_LIB, str(lib))
+    (tmp_path / "fm").write_text(script)
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"fabric_manager_version": "580.95.05", "faults": {"fabric_manager_version": "580.82.07"}}')
+    out = subprocess.run(["python3", str(tmp_path / "fm"), "--version"], capture_output=True, text=True, check=True,
+                         env={"PDCTL_HW_PROFILE": str(profile), "PATH": "/usr/bin:/bin"}).stdout
+    assert out.strip() == "Fabric Manager version is : 580.82.07"
+
+
+def test_store_excludes_standins_from_the_debian_resolution():
+    names = standin_debs.names()
+    declared = store.declared_debian_packages()
+    assert "nvidia-smi" in declared and "infiniband-diags" in declared
+    assert [p for p in declared if p not in names] and not names & {p for p in declared if p not in names}
