@@ -1,0 +1,121 @@
+"""Serving on the lab: P/D through the real router, restart isolation, pre-switch validation, secrets."""
+import json
+import subprocess
+
+import httpx
+import pytest
+import yaml
+
+from conftest import LAB_ENV
+from inventories import ROOT, inventory_variant
+from pdctl import cli, runner
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+ROUTER = "http://10.89.64.13:8000"
+DECODE = "http://10.89.64.13:8100"
+MODEL = "/mnt/model/glm/GLM-5.2-NVFP4"
+INSTANCES = {"lab-prefill-0": ["prefill-0", "prefill-1"], "lab-prefill-1": ["prefill-2", "prefill-3"],
+             "lab-decode-0": ["decode-0"]}
+
+
+def api_key():
+    return (ROOT / ".lab/secrets/api-key").read_text().strip()
+
+
+def on_host(host, *argv):
+    return subprocess.run(["podman", "exec", host, *argv], capture_output=True, text=True, check=True).stdout
+
+
+def main_pids():
+    pids = {}
+    for host, names in INSTANCES.items():
+        for name in names:
+            pids[name] = on_host(host, "systemctl", "show", "-p", "MainPID", "--value",
+                                 "pdctl-vllm-%s.service" % name).strip()
+    return pids
+
+
+def kv_pulls():
+    text = httpx.get(DECODE + "/metrics", headers={"Authorization": "Bearer " + api_key()}, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:nixl_xfer_time_seconds_count"))
+
+
+def test_streamed_chat_through_the_router_pulls_kv_from_prefill(converged_lab):
+    before = kv_pulls()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something about GPUs."}],
+            "max_tokens": 16, "stream": True}
+    tokens = []
+    with httpx.stream("POST", ROUTER + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": "Bearer " + api_key()}) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices", []):
+                    tokens.append(choice["delta"].get("content") or "")
+    assert "".join(tokens).strip(), "no tokens streamed"
+    assert kv_pulls() == before + 1, "decode did not pull KV from a prefill instance"
+
+
+def test_changing_one_instance_restarts_only_that_instance(converged_lab, tmp_path):
+    before = main_pids()
+    moved = inventory_variant(tmp_path / "inv", {"host_vars/lab-prefill-0": {
+        "pdctl_instances": [{"pool": "prefill"}, {"pool": "prefill", "api_port": 8111}]}})
+    try:
+        result = runner.run_playbook("site.yml", moved, envvars=LAB_ENV, tags="vllm,router")
+        assert result.ok, result.failures
+        after = main_pids()
+        assert after["prefill-1"] != before["prefill-1"], "the changed instance was not restarted"
+        assert {k: v for k, v in after.items() if k != "prefill-1"} == \
+               {k: v for k, v in before.items() if k != "prefill-1"}, "an unchanged instance was restarted"
+        assert on_host("lab-prefill-0", "ss", "-ltn", "sport = :8111").count("LISTEN") == 1
+    finally:
+        restored = runner.run_playbook("site.yml", ROOT / "inventories/lab", envvars=LAB_ENV, tags="vllm,router")
+        assert restored.ok, restored.failures
+
+
+def test_unknown_flag_is_rejected_before_anything_switches(converged_lab, tmp_path):
+    serve_args = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/serving.yml").read_text())["pdctl_serve_args"]
+    serve_args["prefill"].append("--no-such-flag")
+    bad = inventory_variant(tmp_path / "inv", {"group_vars/all": {"pdctl_serve_args": serve_args}})
+    units_before = {h: on_host(h, "sh", "-c", "sha256sum /etc/systemd/system/pdctl-vllm-*.service") for h in INSTANCES}
+    pids_before = main_pids()
+    result = runner.run_playbook("site.yml", bad, envvars=LAB_ENV, tags="vllm")
+    assert not result.ok
+    failed = {f["host"]: f for f in result.failures}
+    assert set(failed) == {"lab-prefill-0", "lab-prefill-1"}
+    for f in failed.values():
+        assert f["task"] == "Instance arguments parse with the release being installed"
+    stderr = [r for r in json.dumps([f["msg"] for f in failed.values()]).split("\\n")]
+    assert result.total("changed") == 0
+    assert main_pids() == pids_before, "a running instance was touched"
+    assert {h: on_host(h, "sh", "-c", "sha256sum /etc/systemd/system/pdctl-vllm-*.service") for h in INSTANCES} \
+        == units_before
+    events = "".join(p.read_text() for p in (result.artifact_dir / "job_events").glob("*.json"))
+    assert "unrecognized arguments: --no-such-flag" in events, stderr
+
+
+def test_api_key_appears_only_in_the_protected_secrets_files(converged_lab, tmp_path):
+    key = api_key()
+    # The runner's artifacts of a full converge.
+    again = runner.run_playbook("site.yml", ROOT / "inventories/lab", envvars=LAB_ENV, diff=True)
+    assert again.ok
+    for artifacts in (converged_lab.artifact_dir, again.artifact_dir):
+        for path in artifacts.rglob("*"):
+            if path.is_file():
+                assert key not in path.read_text(errors="replace"), "API key in runner artifact %s" % path
+    # Everything pdctl render writes.
+    assert cli.main(["render", "-i", str(ROOT / "inventories/lab"), "--out", str(tmp_path / "r")]) == 0
+    for path in (tmp_path / "r").rglob("*"):
+        if path.is_file():
+            assert key not in path.read_text(), path
+    # The hosts: journal, units and env files hold no key; only the two 0600 secrets files do.
+    for host in INSTANCES:
+        assert key not in on_host(host, "journalctl", "--no-pager", "-o", "cat"), "API key in %s journal" % host
+        holders = on_host(host, "grep", "-rlF", key, "/etc", "/opt/pdctl", "/var/lib/pdctl").split()
+        expected = {"/etc/pdctl/serving-secrets.env"} | ({"/etc/pdctl/router-secrets.env"} if host == "lab-decode-0" else set())
+        assert set(holders) == expected, host
+        for path in holders:
+            assert on_host(host, "stat", "-c", "%a %U", path).strip() == "600 pdctl"
