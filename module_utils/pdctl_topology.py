@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 
 KNOWN_POOLS = ("prefill", "decode")
+PLANNED_PORT_KEYS = ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "ansible_host")
@@ -102,6 +103,17 @@ def _port_table(hostvars, host, problems):
     return out
 
 
+def _extra_port_claims(hostvars, host, problems):
+    """Any other pdctl_ports entry is a host-level port used during a deploy (checks, fan-out)."""
+    ports = hostvars.get("pdctl_ports") or {}
+    claims = []
+    for key in sorted(set(ports) - set(PLANNED_PORT_KEYS)):
+        value = _as_int(ports[key], "%s: pdctl_ports.%s" % (host, key), problems)
+        if value is not None:
+            claims.append((value, value, "%s port" % key))
+    return claims
+
+
 def _plan_host(host, hostvars, groups, counters, problems):
     """Place the host's instances on its GPUs and ports; return instance dicts."""
     raw = hostvars.get("pdctl_instances") or []
@@ -180,7 +192,8 @@ def _plan_host(host, hostvars, groups, counters, problems):
             "vllm_version": vllm_version,
             "unit": "pdctl-vllm-%s.service" % name,
         })
-    _check_host_clashes(host, instances, ports if ROUTER_GROUP in groups else None, problems)
+    _check_host_clashes(host, instances, ports if ROUTER_GROUP in groups else None,
+                        _extra_port_claims(hostvars, host, problems), problems)
     return instances
 
 
@@ -188,7 +201,7 @@ def _mask(gpus):
     return ",".join(str(g) for g in gpus)
 
 
-def _check_host_clashes(host, instances, router_ports, problems):
+def _check_host_clashes(host, instances, router_ports, extra_claims, problems):
     # GPU overlap between instances on one host.
     owner = {}
     for inst in instances:
@@ -206,6 +219,7 @@ def _check_host_clashes(host, instances, router_ports, problems):
     if router_ports is not None:
         claims.append((router_ports["router"], router_ports["router"], "router port"))
         claims.append((router_ports["router_metrics"], router_ports["router_metrics"], "router metrics port"))
+    claims.extend(extra_claims)
     for i, (lo_a, hi_a, who_a) in enumerate(claims):
         if not 1 <= lo_a <= hi_a <= 65535:
             problems.append("%s: %s %s is outside 1-65535" % (host, who_a, _span(lo_a, hi_a)))

@@ -65,3 +65,9 @@ CASES = [
      {"host_vars/" + P0: {"pdctl_instances": [{"pool": "prefill", "api_port": "eighty"}, {"pool": "prefill"}]}},
      [P0, "api_port must be an integer, found 'eighty'"]),
 ]
+
+CASES.append(
+    ("check-port-vs-side-channel",
+     {"host_vars/" + D0: {"pdctl_ports": {"api_base": 8100, "side_channel_base": 5600, "dp_rpc_base": 13345,
+                                          "router": 8000, "router_metrics": 29000, "kv_path_check": 5605}}},
+     [D0, "decode-0 NIXL side-channel range 5600-5607 overlaps kv_path_check port 5605"]))

@@ -96,3 +96,12 @@ def test_judge_rdma_rules():
     assert kv.judge(ok, 20, True, "p -> d") == []
     assert kv.judge(dict(ok, transports=[]), 20, True, "p -> d")[0].startswith("p -> d: could not tell")
     assert kv.parse_range("8K..inf") == (8192, float("inf")) and kv.parse_range("0") == (0, 0)
+
+
+def test_transports_found_when_ucx_truncates_the_worker_name():
+    """Captured on the lab: lab-prefill-0 writing to lab-decode-0; UCX prints the worker name cut short."""
+    text = (FIXTURES / "lab" / "ucx-proto-info-tcp-cross-host.txt").read_text()
+    blocks = kv.parse_proto_info(text)
+    assert any(b["worker"] == "pdctl-kv-initiator-lab-prefill-" for b in blocks)
+    assert kv.transports_used(blocks, "pdctl-kv-initiator-lab-prefill-0-14760", "WRITE", 16 << 20) == ["tcp/eth0"]
+    assert kv.transports_used(blocks, "some-other-agent", "WRITE", 16 << 20) == []
