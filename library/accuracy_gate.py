@@ -21,6 +21,11 @@ description:
 version_added: "0.1.0"
 author: pdctl contributors
 options:
+  api_key:
+    description:
+      - Bearer token for the router (the P/D router forwards it to the instances, which require it).
+      - Never logged.
+    type: str
   router_url:
     description: Base URL of the router, for example C(http://10.0.0.13:8000) (the planner's C(router.url)).
     type: str
@@ -126,6 +131,7 @@ def build_module():
     return AnsibleModule(
         argument_spec=dict(
             router_url=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
             model=dict(type="str"),
             benchmarks=dict(type="list", elements="str", choices=BENCHMARKS, default=BENCHMARKS),
             datasets=dict(type="dict", default={}),
@@ -149,6 +155,8 @@ def main():
         module.fail_json(msg="accuracy_gate needs the pdctl package (%s): run it on the controller with "
                              "ansible_python_interpreter set to the pdctl virtualenv's python" % exc)
     cfg = dict(p["config"])
+    if p["api_key"]:
+        cfg["api_key"] = p["api_key"]
     cfg.update(benchmarks=p["benchmarks"], datasets=p["datasets"], local_dir=p["local_dir"],
                cache_dir=p["cache_dir"])
     problems = accuracy.validate(accuracy.merge_config(cfg))

@@ -21,6 +21,11 @@ description:
 version_added: "0.1.0"
 author: pdctl contributors
 options:
+  api_key:
+    description:
+      - Bearer token for the router (the P/D router forwards it to the instances, which require it).
+      - Never logged.
+    type: str
   router_url:
     description: Base URL of the router (the planner's C(router.url)).
     type: str
@@ -144,6 +149,7 @@ def build_module():
     return AnsibleModule(
         argument_spec=dict(
             router_url=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
             client=dict(type="list", elements="str", default=["vllm", "bench", "serve"]),
             exec_prefix=dict(type="list", elements="str", default=[]),
             contexts=dict(type="list", elements="int", default=[16384, 65536, 131072, 262144]),
@@ -174,6 +180,8 @@ def main():
     for key in ("client", "exec_prefix", "contexts", "output_len", "concurrency", "num_prompts", "max_ttft_ms",
                 "max_tpot_ms", "tokenizer", "model", "capacity"):
         cfg[key] = p[key]
+    if p["api_key"]:
+        cfg["env"] = dict(cfg.get("env") or {}, OPENAI_API_KEY=p["api_key"])  # the client's bearer token
     problems = sla.validate(sla.merge_config(cfg))
     if problems:
         module.fail_json(msg="sla_gate: invalid input: %s" % "; ".join(problems), passed=False, failures=problems)

@@ -45,8 +45,27 @@ def main(args) -> int:
     for kind, data, path in gates:
         passed = bool(data.get("passed"))
         verdict |= 0 if passed else 1
-        print("%-8s %s  (%s)" % (kind, "PASS" if passed else "FAIL", path))
+        print("%-8s %s  (%s)" % (kind, "PASS" if passed else "FAIL", path.with_suffix(".md")))
+        for line in _gate_lines(kind, data):
+            print("  " + line)
     return verdict
+
+
+def _gate_lines(kind, data):
+    if kind == "sla":
+        limits = data.get("limits") or {}
+        yield "limits: mean TTFT <= %s ms, mean TPOT <= %s ms" % (limits.get("max_ttft_ms"), limits.get("max_tpot_ms"))
+        for run in data.get("runs") or []:
+            yield ("context %6d, concurrency %3d: mean TTFT %8.1f ms, mean TPOT %6.2f ms, %d/%d completed%s"
+                   % (run["input_len"], run["concurrency"], run["mean_ttft_ms"], run["mean_tpot_ms"],
+                      run["completed"], run["num_prompts"], "" if run.get("passed") else "  <- FAIL"))
+    else:
+        for name, b in sorted((data.get("benchmarks") or {}).items()):
+            yield ("%-9s %3d/%-3d correct (%.1f%%), floor %d, parse rate %.0f%%%s"
+                   % (name, b["correct"], b["samples"], 100 * b["accuracy"], b["floor"], 100 * b["parse_rate"],
+                      "" if b["passed"] else "  <- FAIL"))
+    for failure in data.get("failures") or []:
+        yield "failure: %s" % failure
 
 
 def add_parser(sub):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -64,10 +65,17 @@ def test_bench_argv_exact_lengths_and_saved_result():
 def test_remote_client_is_quoted_for_the_remote_shell():
     cfg = sla.merge_config({"exec_prefix": "ssh decode-0", "env": {"VLLM_USE_RUST_BENCH": "1"},
                             "client": ["/opt/v env/bin/vllm", "bench", "serve"]})
-    full = sla._full_argv(cfg, ["/opt/v env/bin/vllm", "bench", "serve", "--extra-body", '{"a": 1}'])
+    argv = ["/opt/v env/bin/vllm", "bench", "serve", "--extra-body", '{"a": 1}']
+    full = sla._full_argv(cfg, argv)
     assert full[:2] == ["ssh", "decode-0"] and len(full) == 3
-    assert shlex.split(full[2]) == ["VLLM_USE_RUST_BENCH=1", "/opt/v env/bin/vllm", "bench", "serve",
-                                    "--extra-body", '{"a": 1}']
+    assert full[2].endswith("exec " + shlex.join(argv))
+    # The environment (the API key among it) goes over stdin, never into the remote command line.
+    assert "VLLM_USE_RUST_BENCH" not in full[2]
+    assert sla._remote_env_input(cfg) == "VLLM_USE_RUST_BENCH=1\n"
+    # The remote shell really exports what it reads, then runs the client.
+    shell = subprocess.run(["sh", "-c", full[2].replace(shlex.join(argv), "printenv VLLM_USE_RUST_BENCH")],
+                           input=sla._remote_env_input(cfg), capture_output=True, text=True)
+    assert shell.stdout.strip() == "1"
 
 
 def test_validate():

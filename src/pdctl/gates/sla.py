@@ -135,9 +135,16 @@ def bench_argv(cfg: dict, base_url: str, input_len: int, concurrency: int, resul
 def _full_argv(cfg: dict, argv: list[str]) -> list[str]:
     if not cfg["exec_prefix"]:
         return argv
-    env = ["%s=%s" % (k, shlex.quote(str(v))) for k, v in cfg["env"].items()]
-    # A remote shell (ssh) joins its arguments into one command line: quote it ourselves.
-    return list(cfg["exec_prefix"]) + [" ".join(env + [shlex.join(argv)])]
+    # A remote shell (ssh) joins its arguments into one command line: quote it ourselves. The
+    # environment (it may hold the API key) arrives on stdin, so it never shows in a command line.
+    reader = 'while IFS= read -r kv; do export "$kv"; done; ' if cfg["env"] else ""
+    return list(cfg["exec_prefix"]) + [reader + "exec " + shlex.join(argv)]
+
+
+def _remote_env_input(cfg: dict) -> str | None:
+    if not cfg["exec_prefix"] or not cfg["env"]:
+        return None
+    return "".join("%s=%s\n" % (k, v) for k, v in cfg["env"].items())
 
 
 def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdir: Path,
@@ -153,7 +160,7 @@ def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdi
     started = time.monotonic()
     try:
         proc = subprocess.run(_full_argv(cfg, argv), capture_output=True, text=True, env=env,
-                              timeout=float(cfg["bench_timeout_s"]))
+                              input=_remote_env_input(cfg), timeout=float(cfg["bench_timeout_s"]))
     except subprocess.TimeoutExpired:
         raise SlaError("context %d: the benchmark client ran past %ss (concurrency %d)"
                        % (input_len, cfg["bench_timeout_s"], concurrency)) from None
@@ -169,7 +176,8 @@ def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdi
                        % (input_len, proc.returncode, concurrency, " | ".join(tail)))
     path = Path(result_dir) / name
     if remote:
-        cat = subprocess.run(_full_argv(cfg, ["cat", str(path)]), capture_output=True, text=True, timeout=120)
+        cat = subprocess.run(_full_argv(cfg, ["cat", str(path)]), capture_output=True, text=True,
+                             input=_remote_env_input(cfg), timeout=120)
         if cat.returncode != 0:
             raise SlaError("context %d: cannot read the saved result %s: %s" % (input_len, path, cat.stderr.strip()))
         raw = cat.stdout

@@ -108,6 +108,7 @@ def ensure_model(lab_dir: Path, bind: str) -> str:
               % (MODEL_SIZE_MB, info["revision"][:12], time.monotonic() - t0), flush=True)
     revision = info_file.read_text().strip()
     (lab_dir / "model-revision").write_text(revision)
+    _link(lab_dir / "model", model_dir)  # the benchmark client's --tokenizer
     token_file = lab_dir / "secrets" / "hf-token"
     start_daemon(lab_dir, "hub", [sys.executable, "-m", "pdctl.lab.stage", "hub", str(model_dir), bind,
                                   str(HUB_PORT), str(token_file)],
@@ -182,10 +183,61 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
     target.symlink_to(cache)
 
 
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.exists():
+        shutil.rmtree(link)
+    link.symlink_to(target)
+
+
+# -- gates -----------------------------------------------------------------------------------------
+
+# The stand-in's latency model for the lab (meets the SLA with room to spare at the lab's sizes) and
+# its answers: the answer key below, right 90% of the time.
+ENGINE_PROFILE = """\
+latency:
+  prefill_tokens_per_s: 200000
+  prefill_overhead_ms: 20
+  decode_step_ms: 30
+  decode_step_ms_per_request: 0.05
+  mtp_acceptance_rate: 0.8
+  kv_bytes_per_token: 256
+answers:
+  key: /etc/pdctl/engine/answer-key.json
+  mode: normal
+"""
+
+
+def ensure_gate_inputs(lab_dir: Path, inventory_dir: Path) -> None:
+    """Synthetic data sets, the stand-in's answer key and profile, and the real vllm-rs client."""
+    from pdctl.gates import answer_key
+    from pdctl.lab import synthetic_datasets, tools
+
+    datasets = lab_dir / "datasets"
+    if not (datasets / ".complete").exists():
+        synthetic_datasets.write(datasets)
+        (datasets / ".complete").write_text("synthetic\n")
+    hosts = inventory.load(inventory_dir, names=("pdctl_gate_accuracy",))
+    config = next(iter(hosts.values()))["vars"]["pdctl_gate_accuracy"]
+    engine = lab_dir / "engine"
+    engine.mkdir(exist_ok=True)
+    key = json.dumps(answer_key.build_from_config(config, correct_rate=0.9), sort_keys=True)
+    for name, text in (("answer-key.json", key), ("profile.yml", ENGINE_PROFILE)):
+        path = engine / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    (lab_dir / "tools").mkdir(exist_ok=True)
+    _link(lab_dir / "tools" / "vllm-rs", Path(tools.ensure_vllm_rs()))
+
+
 def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> None:
     ensure_secrets(lab_dir)
     ensure_wheels(lab_dir, inventory_dir)
     ensure_model(lab_dir, bind)
+    ensure_gate_inputs(lab_dir, inventory_dir)
 
 
 def stop_all(lab_dir: Path) -> None:
