@@ -1,11 +1,9 @@
 """library/accuracy_gate.py and library/sla_gate.py: documentation, check mode, input errors."""
 from __future__ import annotations
 
-import importlib.util
-import json
-from pathlib import Path
 
 import pytest
+from module_harness import load, run
 import yaml
 from ansible.module_utils.testing import patch_module_args
 
@@ -16,22 +14,8 @@ DATA = ROOT / "tests" / "fixtures" / "gates" / "datasets"
 MODULES = ("accuracy_gate", "sla_gate")
 
 
-def load(name):
-    spec = importlib.util.spec_from_file_location("pdctl_lib_" + name, ROOT / "library" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
-def run(name, args, capsys, check_mode=False):
-    if check_mode:
-        args = dict(args, _ansible_check_mode=True)
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        load(name).main()
-    out = capsys.readouterr().out
-    result = json.loads(out)
-    assert bool(exc.value.code) == bool(result.get("failed"))
-    return bool(result.get("failed")), result, out
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,13 +1,11 @@
 """library/model_*.py run in-process with ansible-core's patch_module_args."""
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
+from module_harness import load, run
 import yaml
 from ansible.module_utils.testing import patch_module_args
 
@@ -15,31 +13,13 @@ from pdctl import repo
 from pdctl.lab import synthetic_model as sm
 
 ROOT = repo.root()
-# Modules import `ansible.module_utils.pdctl_model`, as ansible.cfg's module_utils path provides it.
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 
 MODULES = ("model_sync", "model_verify", "model_serve")
 TOKEN = "hf_pdctlTEST0123456789secretTOKEN"
 
 
-def load(name):
-    spec = importlib.util.spec_from_file_location("pdctl_lib_" + name, ROOT / "library" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
-def run(name, args, capsys, check_mode=False):
-    """Run a module's main(); return (failed, result dict, raw stdout)."""
-    if check_mode:
-        args = dict(args, _ansible_check_mode=True)
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        load(name).main()
-    out = capsys.readouterr().out
-    result = json.loads(out)
-    assert bool(exc.value.code) == bool(result.get("failed"))
-    return bool(result.get("failed")), result, out
 
 
 @pytest.fixture(scope="module")
