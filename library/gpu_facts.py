@@ -84,7 +84,7 @@ nvml:
   returned: success
   type: bool
 ansible_facts:
-  description: The same data as facts C(pdctl_gpus), C(pdctl_gpu_count), C(pdctl_gpu_driver_version), C(pdctl_gpu_cuda_version).
+  description: The same data as facts C(pdctl_gpus), C(pdctl_gpus_found), C(pdctl_gpu_driver_version), C(pdctl_gpu_cuda_version).
   returned: success
   type: dict
 """
@@ -176,7 +176,7 @@ def main():
             gpu["nvlink_active"] = extra["nvlink_active"]
     facts = {
         "pdctl_gpus": gpus,
-        "pdctl_gpu_count": len(gpus),
+        "pdctl_gpus_found": len(gpus),
         "pdctl_gpu_driver_version": parsed["driver_version"],
         "pdctl_gpu_cuda_version": parsed["cuda_version"],
     }
