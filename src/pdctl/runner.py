@@ -34,7 +34,8 @@ class PlaybookResult:
 
 
 def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = False, diff: bool = False,
-                 extravars: dict | None = None, tags: str | None = None, quiet: bool = True,
+                 extravars: dict | None = None, tags: str | None = None, limit: str | None = None,
+                 quiet: bool = True,
                  envvars: dict | None = None, private_data_dir: str | None = None) -> PlaybookResult:
     import sys
 
@@ -69,6 +70,7 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
         inventory=str(Path(inventory).resolve()),
         extravars=extravars or {},
         tags=tags,
+        limit=limit,
         cmdline=" ".join(cmdline) or None,
         envvars=env,
         quiet=quiet,

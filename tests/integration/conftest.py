@@ -27,3 +27,15 @@ def converged_lab(lab):
     result = runner.run_playbook("site.yml", lab, envvars=LAB_ENV)
     assert result.ok, "first converge failed:\n%s\n%s" % (result.recap(), result.failures)
     return result
+
+
+@pytest.fixture(scope="session")
+def second_run(converged_lab, lab):
+    """site.yml again, with --diff: must change nothing (and its artifacts are searched for secrets)."""
+    return runner.run_playbook("site.yml", lab, diff=True, envvars=LAB_ENV)
+
+
+@pytest.fixture(scope="session")
+def check_run(converged_lab, lab):
+    """site.yml --check --diff on the converged lab."""
+    return runner.run_playbook("site.yml", lab, check=True, diff=True, envvars=LAB_ENV)

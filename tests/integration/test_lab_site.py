@@ -15,16 +15,14 @@ def test_converge_touches_every_host(converged_lab):
     assert converged_lab.total("failures") == 0 and converged_lab.total("dark") == 0
 
 
-def test_second_run_changes_nothing(converged_lab, lab):
-    result = runner.run_playbook("site.yml", lab, envvars=LAB_ENV)
-    assert result.ok, result.failures
-    assert result.total("changed") == 0, "not idempotent:\n" + result.recap()
+def test_second_run_changes_nothing(second_run):
+    assert second_run.ok, second_run.failures
+    assert second_run.total("changed") == 0, "not idempotent:\n" + second_run.recap()
 
 
-def test_check_diff_on_converged_lab_reports_nothing(converged_lab, lab):
-    result = runner.run_playbook("site.yml", lab, check=True, diff=True, envvars=LAB_ENV)
-    assert result.ok, result.failures
-    assert result.total("changed") == 0, result.recap()
+def test_check_diff_on_converged_lab_reports_nothing(check_run):
+    assert check_run.ok, check_run.failures
+    assert check_run.total("changed") == 0, check_run.recap()
 
 
 @pytest.mark.parametrize("case,overrides,expected", CASES, ids=[c[0] for c in CASES])

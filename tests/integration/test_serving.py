@@ -97,15 +97,17 @@ def test_unknown_flag_is_rejected_before_anything_switches(converged_lab, tmp_pa
     assert "unrecognized arguments: --no-such-flag" in events, stderr
 
 
-def test_api_key_appears_only_in_the_protected_secrets_files(converged_lab, tmp_path):
+def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, second_run, tmp_path):
     key = api_key()
-    # The runner's artifacts of a full converge.
-    again = runner.run_playbook("site.yml", ROOT / "inventories/lab", envvars=LAB_ENV, diff=True)
-    assert again.ok
-    for artifacts in (converged_lab.artifact_dir, again.artifact_dir):
+    hub_token = (ROOT / ".lab/secrets/hf-token").read_text().strip()
+    # The runner's artifacts of a full converge and of a second run with --diff.
+    assert second_run.ok
+    for artifacts in (converged_lab.artifact_dir, second_run.artifact_dir):
         for path in artifacts.rglob("*"):
             if path.is_file():
-                assert key not in path.read_text(errors="replace"), "API key in runner artifact %s" % path
+                text = path.read_text(errors="replace")
+                assert key not in text, "API key in runner artifact %s" % path
+                assert hub_token not in text, "Hub token in runner artifact %s" % path
     # Everything pdctl render writes.
     assert cli.main(["render", "-i", str(ROOT / "inventories/lab"), "--out", str(tmp_path / "r")]) == 0
     for path in (tmp_path / "r").rglob("*"):
@@ -113,7 +115,11 @@ def test_api_key_appears_only_in_the_protected_secrets_files(converged_lab, tmp_
             assert key not in path.read_text(), path
     # The hosts: journal, units and env files hold no key; only the two 0600 secrets files do.
     for host in INSTANCES:
-        assert key not in on_host(host, "journalctl", "--no-pager", "-o", "cat"), "API key in %s journal" % host
+        journal = on_host(host, "journalctl", "--no-pager", "-o", "cat")
+        assert key not in journal and hub_token not in journal, "a secret in %s's journal" % host
+        found = subprocess.run(["podman", "exec", host, "grep", "-rlF", hub_token, "/etc", "/opt/pdctl",
+                                "/var/lib/pdctl", "/mnt/model"], capture_output=True, text=True)
+        assert found.returncode == 1 and found.stdout == "", "Hub token on %s in %s" % (host, found.stdout)
         holders = on_host(host, "grep", "-rlF", key, "/etc", "/opt/pdctl", "/var/lib/pdctl").split()
         expected = {"/etc/pdctl/serving-secrets.env"} | ({"/etc/pdctl/router-secrets.env"} if host == "lab-decode-0" else set())
         assert set(holders) == expected, host

@@ -111,6 +111,12 @@ def _container_state(name: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
+def _container_lab_dir(name: str) -> str:
+    res = run(["podman", "container", "inspect", "--format", '{{index .Config.Labels "io.pdctl.lab.dir"}}', name],
+              check=False)
+    return res.stdout.strip()
+
+
 def _ensure_network():
     if run(["podman", "network", "exists", NETWORK], check=False).returncode != 0:
         run(["podman", "network", "create", "--subnet", SUBNET, "--label", LABEL, NETWORK])
@@ -148,7 +154,8 @@ def up(inventory_dir: Path | None = None) -> int:
         started = []
         for host in hosts:
             state = _container_state(host.name)
-            if state == "running":
+            # A host started from another checkout trusts that checkout's key: start it anew.
+            if state == "running" and _container_lab_dir(host.name) == str(lab_dir()):
                 continue
             if state is not None:
                 run(["podman", "rm", "-f", host.name])
@@ -156,7 +163,8 @@ def up(inventory_dir: Path | None = None) -> int:
             model_volume = lab_dir() / "volumes" / host.name / "model"
             model_volume.mkdir(parents=True, exist_ok=True)
             run(["podman", "run", "-d", "--name", host.name, "--hostname", host.name,
-                 "--label", LABEL, "--network", NETWORK, "--ip", host.address, "--systemd", "always",
+                 "--label", LABEL, "--label", "io.pdctl.lab.dir=%s" % lab_dir(),
+                 "--network", NETWORK, "--ip", host.address, "--systemd", "always",
                  *opts,
                  "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro,Z" % (key, ADMIN_USER),
                  "-v", "%s:%s:Z" % (model_volume, MODEL_MOUNT),

@@ -114,7 +114,8 @@ def ensure_started(lab_dir: Path):
             break
         except OSError as exc:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("artifact store did not start on %s: %s (see %s)"
+                raise RuntimeError("artifact store did not start on %s: %s (see %s; another checkout's lab "
+                                   "may hold the port: run `pdctl lab down` there)"
                                    % (url(), exc, lab_dir / "store.log")) from exc
             time.sleep(0.2)
     print("lab: artifact store %s serving %s" % (url(), store_dir), flush=True)
