@@ -7,7 +7,6 @@ explicit rlimits at or below the hard limits) instead of hard-coding them.
 """
 from __future__ import annotations
 
-import os
 import resource
 import shutil
 import subprocess

@@ -11,18 +11,15 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from pdctl import inventory, repo, wheelhouse
-from pdctl.lab import image
+from pdctl.lab import daemon, image
 
 HUB_PORT = 8781
 MODEL_SIZE_MB = 1024
@@ -49,46 +46,6 @@ def ensure_secrets(lab_dir: Path) -> None:
                 fh.write(prefix + secrets.token_urlsafe(24))
 
 
-# -- background servers ------------------------------------------------------------------------
-
-def _pid(lab_dir: Path, name: str) -> int | None:
-    try:
-        pid = int((lab_dir / ("%s.pid" % name)).read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
-
-
-def start_daemon(lab_dir: Path, name: str, argv: list[str], probe_url: str, ok_codes=(200,)) -> None:
-    if _pid(lab_dir, name):
-        return
-    log = open(lab_dir / ("%s.log" % name), "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-    (lab_dir / ("%s.pid" % name)).write_text(str(proc.pid))
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            urllib.request.urlopen(probe_url, timeout=2).close()
-            return
-        except urllib.error.HTTPError as exc:
-            if exc.code in ok_codes:
-                return
-            err = exc
-        except OSError as exc:
-            err = exc
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("%s did not start (%s); see %s" % (name, err, lab_dir / ("%s.log" % name)))
-        time.sleep(0.2)
-
-
-def stop_daemon(lab_dir: Path, name: str) -> None:
-    pid = _pid(lab_dir, name)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-    (lab_dir / ("%s.pid" % name)).unlink(missing_ok=True)
-
-
 # -- model ---------------------------------------------------------------------------------------
 
 def ensure_model(lab_dir: Path, bind: str) -> str:
@@ -110,7 +67,7 @@ def ensure_model(lab_dir: Path, bind: str) -> str:
     (lab_dir / "model-revision").write_text(revision)
     _link(lab_dir / "model", model_dir)  # the benchmark client's --tokenizer
     token_file = lab_dir / "secrets" / "hf-token"
-    start_daemon(lab_dir, "hub", [sys.executable, "-m", "pdctl.lab.stage", "hub", str(model_dir), bind,
+    daemon.start(lab_dir, "hub", [sys.executable, "-m", "pdctl.lab.stage", "hub", str(model_dir), bind,
                                   str(HUB_PORT), str(token_file)],
                  "http://%s:%d/api/models/%s/revision/main" % (bind, HUB_PORT, synthetic_model.REPO_ID),
                  ok_codes=(401,))
@@ -241,7 +198,7 @@ def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> None:
 
 
 def stop_all(lab_dir: Path) -> None:
-    stop_daemon(lab_dir, "hub")
+    daemon.stop(lab_dir, "hub")
 
 
 if __name__ == "__main__":

@@ -9,17 +9,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from pdctl import repo
-from pdctl.lab import image
+from pdctl.lab import daemon, image
 
 GATEWAY = "10.89.64.1"  # the lab network's gateway: this machine, as the test hosts see it
 PORT = 8780
@@ -79,19 +77,6 @@ def stage_apt(store_dir: Path) -> Path:
     return target
 
 
-def _pidfile(lab_dir: Path) -> Path:
-    return lab_dir / "store.pid"
-
-
-def _running_pid(lab_dir: Path) -> int | None:
-    try:
-        pid = int(_pidfile(lab_dir).read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
-
-
 def url() -> str:
     return "http://%s:%d" % (GATEWAY, PORT)
 
@@ -100,34 +85,15 @@ def ensure_started(lab_dir: Path):
     store_dir = lab_dir / "store"
     store_dir.mkdir(exist_ok=True)
     stage_apt(store_dir)
-    if _running_pid(lab_dir):
-        return
-    log = open(lab_dir / "store.log", "ab")  # noqa: SIM115 - handed to the server process
-    proc = subprocess.Popen([sys.executable, "-m", "pdctl.store", "--dir", str(store_dir),
-                             "--bind", GATEWAY, "--port", str(PORT)],
-                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-    _pidfile(lab_dir).write_text(str(proc.pid))
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            urllib.request.urlopen(url() + "/apt/Release", timeout=2).close()
-            break
-        except OSError as exc:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("artifact store did not start on %s: %s (see %s; another checkout's lab "
-                                   "may hold the port: run `pdctl lab down` there)"
-                                   % (url(), exc, lab_dir / "store.log")) from exc
-            time.sleep(0.2)
-    print("lab: artifact store %s serving %s" % (url(), store_dir), flush=True)
+    if daemon.start(lab_dir, "store", [sys.executable, "-m", "pdctl.store", "--dir", str(store_dir),
+                                       "--bind", GATEWAY, "--port", str(PORT)], url() + "/apt/Release"):
+        print("lab: artifact store %s serving %s" % (url(), store_dir), flush=True)
 
 
 def stop(lab_dir: Path):
-    pid = _running_pid(lab_dir)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-    _pidfile(lab_dir).unlink(missing_ok=True)
+    daemon.stop(lab_dir, "store")
 
 
 def describe(lab_dir: Path) -> str:
-    pid = _running_pid(lab_dir)
+    pid = daemon.running_pid(lab_dir, "store")
     return "%s (pid %d, %s)" % (url(), pid, lab_dir / "store") if pid else "not running"
