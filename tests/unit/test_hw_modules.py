@@ -3,10 +3,8 @@ message, run against the emulator as an `nvidia-smi` executable - the path lab h
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
-import yaml
 from test_hw_support import REPO, fake_bin, profile
 
 from ansible.module_utils import basic
@@ -126,34 +124,3 @@ def test_bandwidth_mode_low_floor(tmp_path):
 def test_bandwidth_mode_missing_python(tmp_path):
     out = run("nvlink_check", nvlink(tmp_path, profile(), mode="bandwidth", python="/nope/python"), FailJson)
     assert "interpreter /nope/python not found" in out["msg"]
-
-
-@pytest.mark.parametrize("name", ["gpu_facts", "nvlink_check", "kv_path_check"])
-def test_documentation_matches_argument_spec(name, monkeypatch):
-    mod = load(name)
-    doc = yaml.safe_load(mod.DOCUMENTATION)
-    yaml.safe_load(mod.EXAMPLES)
-    assert isinstance(yaml.safe_load(mod.RETURN), dict)
-    assert doc["module"] == name and doc["attributes"]["check_mode"]["support"] == "full"
-    captured = {}
-    monkeypatch.setattr(basic.AnsibleModule, "__init__", lambda self, **kw: captured.update(kw))
-    mod.build_module()
-    spec = captured["argument_spec"]
-    assert captured["supports_check_mode"] is True
-    assert set(doc["options"]) == set(spec)
-    for option, meta in doc["options"].items():
-        assert meta.get("type", "str") == spec[option].get("type", "str"), option
-        assert meta.get("default") == spec[option].get("default"), option
-        assert meta.get("choices") == spec[option].get("choices"), option
-
-
-@pytest.mark.parametrize("name", ["gpu_facts", "nvlink_check", "kv_path_check"])
-def test_ansible_doc_renders(name):
-    import subprocess
-    import sys
-    from pathlib import Path
-    doc = Path(sys.executable).parent / "ansible-doc"
-    out = subprocess.run([str(doc), "-M", str(REPO / "library"), name], capture_output=True, text=True,
-                         cwd=REPO, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert name in out.stdout and "OPTIONS" in out.stdout
