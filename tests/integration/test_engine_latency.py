@@ -17,9 +17,9 @@ LATENCY = {"prefill_tokens_per_s": 500, "prefill_overhead_ms": 100, "decode_step
            # 128 KB of simulated KV per request: a wave of 32 pulls then costs a few ms, not the
            # ~100 ms of Python loopback copying that 2 MB each would (that is not the model).
            "kv_bytes_per_token": 256}
-# Through the router, a longer prefill so that the router's own work (measured 60-90 ms per request
-# at c=32 on a 2-core machine) stays well inside the 5% tolerance: TTFT ~3.1 s instead of ~1.1 s.
-PD_LATENCY = dict(LATENCY, prefill_overhead_ms=2100)
+# Through the router, a longer prefill so that the router's own work (measured 60-160 ms per request
+# at c=32 on a 2-core machine, varying with load) stays well inside the 5% tolerance: TTFT ~6 s.
+PD_LATENCY = dict(LATENCY, prefill_overhead_ms=5000)
 INPUT_LEN, OUTPUT_LEN = 500, 128
 CHAT_TEMPLATE_TOKENS = 4  # [gMASK] <sop> <|user|> <|assistant|>
 
@@ -85,8 +85,8 @@ def test_single_standin(env, single, concurrency, num_prompts, backend):
 
 
 @pytest.mark.parametrize("concurrency,num_prompts,backend", [
-    (1, 6, "openai-chat"),
-    (32, 128, "openai-chat"),
+    (1, 4, "openai-chat"),
+    (32, 64, "openai-chat"),
 ])
 def test_pd_through_router(env, pd, concurrency, num_prompts, backend):
     res = ce.bench(env["vllm_rs"], pd["router"].url, env["model"], env["dir"], f"pd-c{concurrency}",
