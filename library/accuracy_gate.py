@@ -34,17 +34,16 @@ options:
     description: Served model name; defaults to the first model the router lists.
     type: str
   benchmarks:
-    description: Benchmarks to run.
+    description: Benchmarks to run (default C(config.benchmarks), else all three).
     type: list
     elements: str
     choices: [aime, gpqa, longbench]
-    default: [aime, gpqa, longbench]
   datasets:
     description:
       - Per benchmark, C(repo_id), C(revision) (a 40-hex commit) and C(files) (path in the repository to sha256).
       - Required for a Hub download; with O(local_dir) the sha256 pins are checked when given.
+      - Default C(config.datasets).
     type: dict
-    default: {}
   local_dir:
     description: Air-gapped sites; the files are read from C(<local_dir>/<repo_id>/<path>) and nothing is fetched.
     type: path
@@ -133,8 +132,9 @@ def build_module():
             router_url=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
             model=dict(type="str"),
-            benchmarks=dict(type="list", elements="str", choices=BENCHMARKS, default=BENCHMARKS),
-            datasets=dict(type="dict", default={}),
+            # No defaults here: an option left unset keeps what `config` says (else accuracy.DEFAULTS).
+            benchmarks=dict(type="list", elements="str", choices=BENCHMARKS),
+            datasets=dict(type="dict"),
             local_dir=dict(type="path"),
             cache_dir=dict(type="path"),
             hf_token=dict(type="str", no_log=True),
@@ -157,8 +157,7 @@ def main():
     cfg = dict(p["config"])
     if p["api_key"]:
         cfg["api_key"] = p["api_key"]
-    cfg.update(benchmarks=p["benchmarks"], datasets=p["datasets"], local_dir=p["local_dir"],
-               cache_dir=p["cache_dir"])
+    cfg.update({key: p[key] for key in ("benchmarks", "datasets", "local_dir", "cache_dir") if p[key] is not None})
     problems = accuracy.validate(accuracy.merge_config(cfg))
     if p["reference"]:
         try:

@@ -31,39 +31,32 @@ options:
     type: str
     required: true
   client:
-    description: The benchmark command, as a list.
+    description: The benchmark command, as a list (default C(config.client), else C([vllm, bench, serve])).
     type: list
     elements: str
-    default: [vllm, bench, serve]
   exec_prefix:
     description: Runs the client (and reads its result) through this command, for example C([ssh, decode-0]).
     type: list
     elements: str
-    default: []
   contexts:
-    description: Input lengths in tokens.
+    description: Input lengths in tokens (default C(config.contexts), else 16384, 65536, 131072, 262144).
     type: list
     elements: int
-    default: [16384, 65536, 131072, 262144]
   output_len:
-    description: Output tokens per request.
+    description: Output tokens per request (default C(config.output_len), else 1024).
     type: int
-    default: 1024
   concurrency:
-    description: Maximum concurrency of the per-context runs.
+    description: Maximum concurrency of the per-context runs (default C(config.concurrency), else 8).
     type: int
-    default: 8
   num_prompts:
     description: Requests per run; default max(64, 4 x concurrency).
     type: int
   max_ttft_ms:
-    description: Limit on mean TTFT.
+    description: Limit on mean TTFT (default C(config.max_ttft_ms), else 2500).
     type: float
-    default: 2500
   max_tpot_ms:
-    description: Limit on mean TPOT.
+    description: Limit on mean TPOT (default C(config.max_tpot_ms), else 20).
     type: float
-    default: 20
   tokenizer:
     description: Tokenizer path or name given to the client (default the served model name).
     type: str
@@ -73,9 +66,9 @@ options:
   capacity:
     description: Capacity search, C(enabled), C(start), C(max), C(contexts) (default the longest context).
     type: dict
-    default: {}
   config:
-    description: Further settings of C(pdctl.gates.sla.DEFAULTS) (env, prompt_token_ids, num_warmups, seed, extra_args, bench_timeout_s).
+    description:
+      - Settings of C(pdctl.gates.sla.DEFAULTS), e.g. the inventory's C(pdctl_gate_sla). Options given to the module override them.
     type: dict
     default: {}
   artifacts_dir:
@@ -150,17 +143,18 @@ def build_module():
         argument_spec=dict(
             router_url=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
-            client=dict(type="list", elements="str", default=["vllm", "bench", "serve"]),
-            exec_prefix=dict(type="list", elements="str", default=[]),
-            contexts=dict(type="list", elements="int", default=[16384, 65536, 131072, 262144]),
-            output_len=dict(type="int", default=1024),
-            concurrency=dict(type="int", default=8),
+            # No defaults here: an option left unset keeps what `config` says (else sla.DEFAULTS).
+            client=dict(type="list", elements="str"),
+            exec_prefix=dict(type="list", elements="str"),
+            contexts=dict(type="list", elements="int"),
+            output_len=dict(type="int"),
+            concurrency=dict(type="int"),
             num_prompts=dict(type="int"),
-            max_ttft_ms=dict(type="float", default=2500.0),
-            max_tpot_ms=dict(type="float", default=20.0),
+            max_ttft_ms=dict(type="float"),
+            max_tpot_ms=dict(type="float"),
             tokenizer=dict(type="str"),
             model=dict(type="str"),
-            capacity=dict(type="dict", default={}),
+            capacity=dict(type="dict"),
             config=dict(type="dict", default={}),
             artifacts_dir=dict(type="path", required=True),
         ),
@@ -179,7 +173,8 @@ def main():
     cfg = dict(p["config"])
     for key in ("client", "exec_prefix", "contexts", "output_len", "concurrency", "num_prompts", "max_ttft_ms",
                 "max_tpot_ms", "tokenizer", "model", "capacity"):
-        cfg[key] = p[key]
+        if p[key] is not None:
+            cfg[key] = p[key]
     if p["api_key"]:
         cfg["env"] = dict(cfg.get("env") or {}, OPENAI_API_KEY=p["api_key"])  # the client's bearer token
     problems = sla.validate(sla.merge_config(cfg))

@@ -52,3 +52,13 @@ def test_sla_client_failure_names_context(capsys, tmp_path):
             "artifacts_dir": str(tmp_path)}
     failed, result, _ = run("sla_gate", args, capsys)
     assert failed and "context 2048: the benchmark client exited 1" in result["msg"]
+
+
+def test_config_applies_where_an_option_is_left_unset(capsys, tmp_path):
+    """An inventory dict passed as `config` is honoured; only options actually given override it."""
+    base = {"router_url": "http://127.0.0.1:9", "artifacts_dir": str(tmp_path / "a")}
+    failed, res, _ = run("sla_gate", dict(base, config={"contexts": [0]}), capsys, check_mode=True)
+    assert failed and "context" in res["msg"], res
+    failed, res, _ = run("sla_gate", dict(base, config={"contexts": [0]}, contexts=[1024],
+                                          client=["/bin/true"]), capsys, check_mode=True)
+    assert not failed and res["validated"], res
