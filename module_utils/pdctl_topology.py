@@ -22,11 +22,16 @@ from __future__ import annotations
 import json
 
 KNOWN_POOLS = ("prefill", "decode")
+POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
+INSTANCE_KEYS = ("pool", "name", "gpus", "api_port", "side_channel_port", "dp_rpc_port")
+# Groups the planner gives a meaning to; `serving` is the parent of the pools. A host in any other
+# group is refused unless the inventory names that group in pdctl_extra_groups (site groupings).
 PLANNED_PORT_KEYS = ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
-             "pdctl_versions", "pdctl_advertise_address", "ansible_host")
+             "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host")
 ROUTER_GROUP = "router"
+KNOWN_GROUPS = KNOWN_POOLS + (ROUTER_GROUP, "serving", "ungrouped")
 
 
 class PlanError(Exception):
@@ -80,6 +85,12 @@ def _pool_settings(host, hostvars, pool, problems):
     if not isinstance(spec, dict):
         problems.append("%s: pool %r has no entry in pdctl_pools (known: %s)"
                         % (host, pool, ", ".join(sorted(pools)) or "none"))
+        return None
+    unknown = sorted(set(spec) - set(POOL_KEYS))
+    if unknown:
+        # A misspelt key would otherwise leave the size at its default of 1 without a word.
+        problems.append("%s: pdctl_pools.%s has unknown keys %s (known: %s)"
+                        % (host, pool, ", ".join(unknown), ", ".join(POOL_KEYS)))
         return None
     tp = _as_int(spec.get("tensor_parallel_size", 1), "%s: pdctl_pools.%s.tensor_parallel_size" % (host, pool), problems)
     dp = _as_int(spec.get("data_parallel_size", 1), "%s: pdctl_pools.%s.data_parallel_size" % (host, pool), problems)
@@ -135,9 +146,10 @@ def _plan_host(host, hostvars, groups, counters, problems):
         if not isinstance(entry, dict):
             problems.append("%s: must be a mapping with a 'pool' key, found %r" % (where, entry))
             continue
-        unknown = set(entry) - {"pool", "name", "gpus", "api_port", "side_channel_port", "dp_rpc_port"}
+        unknown = set(entry) - set(INSTANCE_KEYS)
         if unknown:
-            problems.append("%s: unknown keys %s" % (where, ", ".join(sorted(unknown))))
+            problems.append("%s: unknown keys %s (known: %s)"
+                            % (where, ", ".join(sorted(unknown)), ", ".join(INSTANCE_KEYS)))
             continue
         pool = entry.get("pool")
         if pool not in KNOWN_POOLS:
@@ -233,6 +245,29 @@ def _span(lo, hi):
     return str(lo) if lo == hi else "%d-%d" % (lo, hi)
 
 
+def _check_groups(host, groups, hostvars, problems):
+    """Refuse the shapes Ansible merges without a word: two pools on one host, unknown groups."""
+    pools = sorted(groups & set(KNOWN_POOLS))
+    if len(pools) > 1:
+        problems.append("%s is in both the %s groups: a host serves one pool (Ansible would silently "
+                        "merge both groups' variables and keep one)" % (host, " and ".join(pools)))
+        return False
+    extra = hostvars.get("pdctl_extra_groups") or []
+    if not isinstance(extra, list):
+        problems.append("%s: pdctl_extra_groups must be a list of group names, found %r" % (host, extra))
+        extra = []
+    unknown = sorted(groups - set(KNOWN_GROUPS) - {str(g) for g in extra})
+    if unknown:
+        problems.append("%s is in group%s %s, which the planner does not know (known: %s; list site "
+                        "groups in pdctl_extra_groups)" % (host, "s" if len(unknown) > 1 else "",
+                                                           ", ".join(unknown), ", ".join(KNOWN_GROUPS[:4])))
+        return False
+    if not groups & (set(KNOWN_POOLS) | {ROUTER_GROUP}):
+        problems.append("%s is in none of the prefill, decode and router groups: it would serve nothing" % host)
+        return False
+    return True
+
+
 def build_plan(hosts):
     """Compute and validate the serving plan.
 
@@ -248,8 +283,7 @@ def build_plan(hosts):
     for host in sorted(hosts, key=_natural_key):
         groups = set(hosts[host].get("groups") or [])
         hostvars = hosts[host].get("vars") or {}
-        serving = groups & (set(KNOWN_POOLS) | {ROUTER_GROUP})
-        if not serving:
+        if not _check_groups(host, groups, hostvars, problems):
             continue
         address = host_address(host, hostvars)
         if address in seen_addresses:

@@ -71,3 +71,28 @@ CASES.append(
      {"host_vars/" + D0: {"pdctl_ports": {"api_base": 8100, "side_channel_base": 5600, "dp_rpc_base": 13345,
                                           "router": 8000, "router_metrics": 29000, "kv_path_check": 5605}}},
      [D0, "decode-0 NIXL side-channel range 5600-5607 overlaps kv_path_check port 5605"]))
+
+# Shapes Ansible merges without a word (a host's variables come from every group it is in).
+_HOSTS = {P0: {"ansible_host": "10.89.64.11"}, P1: {"ansible_host": "10.89.64.12"}, D0: {"ansible_host": "10.89.64.13"}}
+CASES += [
+    ("host-in-two-pools",
+     {"hosts": {"all": {"children": {
+         "serving": {"children": {"prefill": {"hosts": {P0: _HOSTS[P0], P1: _HOSTS[P1]}},
+                                  "decode": {"hosts": {D0: _HOSTS[D0], P1: None}}}},
+         "router": {"hosts": {D0: None}}}}}},
+     [P1, "is in both the decode and prefill groups"]),
+    ("host-in-unknown-group",
+     {"hosts": {"all": {"children": {
+         "serving": {"children": {"prefill": {"hosts": {P0: _HOSTS[P0]}},
+                                  "prefil": {"hosts": {P1: _HOSTS[P1]}},
+                                  "decode": {"hosts": {D0: _HOSTS[D0]}}}},
+         "router": {"hosts": {D0: None}}}}}},
+     [P1, "is in group prefil, which the planner does not know"]),
+    ("instance-key-nobody-reads",
+     {"host_vars/" + P0: {"pdctl_instances": [{"pool": "prefill", "gpu": "0-3"}, {"pool": "prefill"}]}},
+     [P0, "instance #0: unknown keys gpu"]),
+    ("pool-key-nobody-reads",
+     {"group_vars/decode": {"pdctl_pools": {"prefill": {"tensor_parallel_size": 1, "data_parallel_size": 4},
+                                            "decode": {"tensor_parallel": 1, "data_parallel_size": 8}}}},
+     [D0, "pdctl_pools.decode has unknown keys tensor_parallel"]),
+]

@@ -8,7 +8,7 @@ import pytest
 import pdctl_topology
 from inventories import ROOT, inventory_variant
 from malformed import CASES
-from pdctl import cli
+from pdctl import cli, inventory
 
 
 def plan_cli(capsys, inventory, *extra):
@@ -84,20 +84,34 @@ def test_missing_inventory_is_exit_2(capsys, tmp_path):
 
 
 def test_explicit_placement_is_honoured():
+    common = {
+        "pdctl_gpu_count": 8, "pdctl_model_path": "/m", "pdctl_versions": {"vllm": "1"},
+        "pdctl_pools": {"prefill": {"tensor_parallel_size": 1, "data_parallel_size": 2},
+                        "decode": {"tensor_parallel_size": 2, "data_parallel_size": 2}},
+        "pdctl_ports": {"api_base": 9000, "side_channel_base": 6000, "dp_rpc_base": 14000,
+                        "router": 8000, "router_metrics": 8001}}
     hosts = {
-        "h": {"groups": ["prefill", "decode", "router"], "vars": {
-            "pdctl_gpu_count": 8, "pdctl_model_path": "/m", "pdctl_versions": {"vllm": "1"},
-            "pdctl_pools": {"prefill": {"tensor_parallel_size": 1, "data_parallel_size": 2},
-                            "decode": {"tensor_parallel_size": 2, "data_parallel_size": 2}},
-            "pdctl_ports": {"api_base": 9000, "side_channel_base": 6000, "dp_rpc_base": 14000,
-                            "router": 8000, "router_metrics": 8001},
-            "pdctl_instances": [{"pool": "prefill", "gpus": "6,7", "name": "p"}, {"pool": "decode", "gpus": "0-3"}],
-        }}}
+        "hp": {"groups": ["serving", "prefill"],
+               "vars": dict(common, pdctl_instances=[{"pool": "prefill", "gpus": "6,7", "name": "p"}])},
+        "hd": {"groups": ["serving", "decode", "router"],
+               "vars": dict(common, pdctl_instances=[{"pool": "decode", "gpus": "2-5", "side_channel_port": 6010}])},
+    }
     plan = pdctl_topology.build_plan(hosts)
-    p, d = plan["instances"]
-    assert p["name"] == "p" and p["cuda_visible_devices"] == "6,7"
-    assert d["gpus"] == [0, 1, 2, 3] and d["side_channel_ports"] == [6002, 6003]
-    assert plan["router"]["url"] == "http://h:8000"
+    d, p = sorted(plan["instances"], key=lambda i: i["pool"])
+    assert p["name"] == "p" and p["cuda_visible_devices"] == "6,7" and p["side_channel_ports"] == [6000, 6001]
+    assert d["gpus"] == [2, 3, 4, 5] and d["side_channel_ports"] == [6010, 6011]
+    assert plan["router"]["url"] == "http://hd:8000"
+
+
+def test_site_groups_are_accepted_when_declared():
+    """pdctl_extra_groups lets an operator keep site groupings without the planner refusing them."""
+    inv = ROOT / "inventories/lab"
+    hosts = inventory.load(inv)
+    hosts["lab-prefill-0"]["groups"].append("rack_a")
+    with pytest.raises(pdctl_topology.PlanError, match="lab-prefill-0 is in group rack_a"):
+        pdctl_topology.build_plan(hosts)
+    hosts["lab-prefill-0"]["vars"]["pdctl_extra_groups"] = ["rack_a"]
+    assert len(pdctl_topology.build_plan(hosts)["instances"]) == 5
 
 
 def test_every_problem_is_reported_at_once():

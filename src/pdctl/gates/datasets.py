@@ -23,17 +23,16 @@ import csv
 import hashlib
 import io
 import json
-import os
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from pdctl.cache import cache_dir as cache_root
 from pdctl.gates import prompts
 
 HUB_ENDPOINT = "https://huggingface.co"
-DEFAULT_CACHE = Path.home() / ".cache" / "pdctl" / "datasets"
 BENCHMARKS = ("aime", "gpqa", "longbench")
 
 # Where each data set lives on the Hub. Revisions and sha256 pins are site configuration
@@ -100,7 +99,7 @@ def stage(name: str, source: dict, local_dir=None, cache_dir=None, token=None, e
                                    % (name, revision or None))
             if not pinned:
                 raise DatasetError("%s: %s has no sha256 pin; refusing an unpinned download" % (name, rel))
-            cache = Path(cache_dir or os.environ.get("PDCTL_DATASETS_CACHE") or DEFAULT_CACHE)
+            cache = Path(cache_dir) if cache_dir else cache_root("datasets")
             path = cache / repo_id / revision / rel
             if not path.is_file() or sha256_file(path) != pinned:
                 _download(endpoint or HUB_ENDPOINT, repo_id, revision, rel, path, token, client)

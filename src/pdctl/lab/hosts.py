@@ -7,6 +7,7 @@ explicit rlimits at or below the hard limits) instead of hard-coding them.
 """
 from __future__ import annotations
 
+import json
 import resource
 import shutil
 import subprocess
@@ -147,7 +148,10 @@ def up(inventory_dir: Path | None = None) -> int:
         opts = container_options()
         step("container options for this machine: %s" % (" ".join(opts) or "none needed"))
         key = _ssh_key()
+        timings = {}
+        t = time.monotonic()
         tag = image.ensure(opts)
+        timings["image"] = time.monotonic() - t
         _ensure_network()
         known_hosts = lab_dir() / "ssh" / "known_hosts"
         started = []
@@ -174,11 +178,18 @@ def up(inventory_dir: Path | None = None) -> int:
             for host in hosts:
                 if host.name in started:
                     _forget_host_key(host)  # a new container has new host keys
+        timings["hosts"] = time.monotonic() - t - timings["image"]
         # The store binds to the network's gateway, which exists once a container is attached.
+        t = time.monotonic()
         store.ensure_started(lab_dir())
-        stage.stage_all(lab_dir(), inventory_path(), store.GATEWAY)
+        timings["apt"] = time.monotonic() - t
+        timings.update(stage.stage_all(lab_dir(), inventory_path(), store.GATEWAY))
+        t = time.monotonic()
         for host in hosts:
             _wait_ssh(host, key, known_hosts)
+        timings["hosts"] += time.monotonic() - t
+        # Where the time of a cold bring-up went (read by .ci/run's phase table).
+        (lab_dir() / "up-timings.json").write_text(json.dumps({k: round(v, 1) for k, v in timings.items()}))
         step("%d hosts up in %.1fs: %s" % (len(hosts), time.monotonic() - t0,
                                           ", ".join("%s=%s" % (h.name, h.address) for h in hosts)))
         return 0

@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from pdctl import cache
+
 SUITE = "bookworm"
 INCLUDE = ["systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo", "openssh-server",
            "iproute2", "procps", "ca-certificates", "less"]
@@ -38,10 +40,7 @@ rm -f /var/lib/dbus/machine-id
 
 
 def cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    d = base / "pdctl" / "lab"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return cache.cache_dir("lab")
 
 
 def debian_mirror() -> str:

@@ -11,9 +11,7 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -85,30 +83,21 @@ def _serve_hub(model_dir: str, bind: str, port: str, token_file: str) -> None:
 
 # -- wheels --------------------------------------------------------------------------------------
 
-def _build_engine_wheel(dest: Path) -> None:
+def _build_engine_wheel(dest: Path) -> Path:
     """The stand-in as its own small distribution: the engine package and its runtime deps only."""
     root = repo.root()
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     pins = {p.split("==")[0].lower(): p for p in project["dependencies"] + project["optional-dependencies"]["lab"]}
     # numpy is not the engine's: NIXL needs it on the lab hosts, where NIXL comes without deps.
     deps = [pins[name] for name in ("aiohttp", "tokenizers", "pyyaml", "jinja2", "numpy")]
-    with tempfile.TemporaryDirectory() as tmp:
-        pkg = Path(tmp) / "src" / "pdctl"
-        (pkg / "lab").mkdir(parents=True)
-        (pkg / "__init__.py").write_text('"""pdctl lab engine stand-in (lab hosts only)."""\n')
-        (pkg / "lab" / "__init__.py").write_text("")
-        shutil.copy(root / "src/pdctl/lab/tokenizer.py", pkg / "lab" / "tokenizer.py")
-        shutil.copytree(root / "src/pdctl/lab/engine", pkg / "lab" / "engine",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        (Path(tmp) / "pyproject.toml").write_text(
-            '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
-            '[project]\nname = "%s"\nversion = "%s"\nrequires-python = ">=3.11"\ndependencies = %s\n'
-            '[project.scripts]\npdctl-lab-engine = "pdctl.lab.engine.cli:main"\n'
-            '[tool.setuptools.packages.find]\nwhere = ["src"]\n' % (ENGINE_DIST, project["version"], json.dumps(deps)))
-        res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                              "--wheel-dir", str(dest), tmp], capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError("building the %s wheel failed: %s" % (ENGINE_DIST, res.stderr[-2000:]))
+    lab = root / "src" / "pdctl" / "lab"
+    files = {"pdctl/__init__.py": b'"""pdctl lab engine stand-in (lab hosts only)."""\n',
+             "pdctl/lab/__init__.py": b"",
+             "pdctl/lab/tokenizer.py": (lab / "tokenizer.py").read_bytes()}
+    for path in sorted((lab / "engine").rglob("*.py")):
+        files["pdctl/lab/engine/" + path.relative_to(lab / "engine").as_posix()] = path.read_bytes()
+    return wheelhouse.build_pure_wheel(dest, ENGINE_DIST, project["version"], files, deps,
+                                       console_scripts={"pdctl-lab-engine": "pdctl.lab.engine.cli:main"})
 
 
 def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
@@ -117,15 +106,14 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
     requirements = [r for r in hv["pdctl_engine"]["packages"] if not r.startswith(ENGINE_DIST)]
     requirements.append("vllm-router==%s" % hv["pdctl_versions"]["vllm_router"])
     no_deps = list(hv["pdctl_engine"].get("packages_no_deps") or [])
-    engine_src = sorted((repo.root() / "src/pdctl/lab/engine").glob("*.py")) + [
-        repo.root() / "src/pdctl/lab/tokenizer.py", repo.root() / "pyproject.toml"]
+    engine_src = sorted((repo.root() / "src/pdctl/lab/engine").rglob("*.py")) + [
+        repo.root() / "src/pdctl/lab/tokenizer.py", repo.root() / "pyproject.toml", Path(wheelhouse.__file__)]
     key = hashlib.sha256(("\0".join(requirements + no_deps) + _digest(*engine_src)).encode()).hexdigest()[:12]
     cache = image.cache_dir() / ("wheels-" + key)
     if not (cache / ".complete").exists():
         t0 = time.monotonic()
         shutil.rmtree(cache, ignore_errors=True)
-        _build_engine_wheel(cache)
-        wheelhouse.download([str(next(cache.glob("pdctl_lab_engine-*.whl")))] + requirements, cache)
+        wheelhouse.download([str(_build_engine_wheel(cache))] + requirements, cache)
         if no_deps:
             wheelhouse.download(no_deps, cache, no_deps=True)
         (cache / ".complete").write_text("\n".join(requirements) + "\n")
@@ -190,11 +178,17 @@ def ensure_gate_inputs(lab_dir: Path, inventory_dir: Path) -> None:
     _link(lab_dir / "tools" / "vllm-rs", Path(tools.ensure_vllm_rs()))
 
 
-def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> None:
-    ensure_secrets(lab_dir)
-    ensure_wheels(lab_dir, inventory_dir)
-    ensure_model(lab_dir, bind)
-    ensure_gate_inputs(lab_dir, inventory_dir)
+def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> dict[str, float]:
+    """Stage everything; return the seconds each step took."""
+    timings = {}
+    for name, step in (("secrets", lambda: ensure_secrets(lab_dir)),
+                       ("wheelhouse", lambda: ensure_wheels(lab_dir, inventory_dir)),
+                       ("model", lambda: ensure_model(lab_dir, bind)),
+                       ("gate_inputs", lambda: ensure_gate_inputs(lab_dir, inventory_dir))):
+        t0 = time.monotonic()
+        step()
+        timings[name] = time.monotonic() - t0
+    return timings
 
 
 def stop_all(lab_dir: Path) -> None:

@@ -9,7 +9,6 @@ Both are idempotent: once the binary exists, nothing touches the network.
 """
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 import sys
@@ -17,15 +16,17 @@ import venv
 import zipfile
 from pathlib import Path
 
+from pdctl import cache
+
 VLLM_VERSION = "0.33.0"
 VLLM_ROUTER_VERSION = "0.1.17"
-DEFAULT_CACHE = Path.home() / ".cache" / "pdctl" / "tools"
 
 
 def _cache(cache_dir) -> Path:
-    path = Path(cache_dir or os.environ.get("PDCTL_TOOLS_CACHE") or DEFAULT_CACHE)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    if cache_dir:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        return Path(cache_dir)
+    return cache.cache_dir("tools")
 
 
 def ensure_vllm_rs(cache_dir=None) -> Path:
