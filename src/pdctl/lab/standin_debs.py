@@ -157,7 +157,7 @@ def standins(versions: dict | None = None) -> list[Standin]:
                  "/usr/share/nvidia/nvswitch/fabricmanager.cfg": ("LOG_LEVEL=4\nDAEMONIZE=0\nFABRIC_MODE=0\n", 0o644),
                  "/lib/systemd/system/nvidia-fabricmanager.service": (_FM_UNIT, 0o644)},
                 depends="nvidia-smi, python3"),
-        Standin("libnvidia-nscq", fm + rev, "NVIDIA NVSwitch configuration and query library",
+        Standin("libnvidia-nscq", v["libnvidia_nscq"] + rev, "NVIDIA NVSwitch configuration and query library",
                 _readme("libnvidia-nscq")),
         Standin("nvlsm", nvlsm + rev, "NVIDIA NVLink subnet manager",
                 {"/usr/sbin/nvlsm": (_NVLSM % nvlsm, 0o755),
