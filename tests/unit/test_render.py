@@ -117,3 +117,11 @@ def test_render_rejects_an_invalid_inventory(tmp_path, capsys):
     inv = inventory_variant(tmp_path / "inv", CASES[0][1])
     assert cli.main(["render", "-i", str(inv), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the model (issue 13 item 6)
+
+def test_units_name_nvidias_checkpoint_as_the_source(rendered):
+    for inv in ("b300", "lab"):
+        for name, text in units(rendered[inv]).items():
+            assert "# weights: hf://nvidia/GLM-5.2-NVFP4 at /mnt/model/glm/GLM-5.2-NVFP4" in text, (inv, name)
