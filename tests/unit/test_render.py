@@ -84,6 +84,8 @@ def test_units_run_unprivileged_and_drain_before_kill(rendered):
         stop = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
         assert stop > 300, "%s: systemd must outwait --shutdown-timeout 300" % name
         assert not re.search(r"^(PrivateDevices|DevicePolicy)=", text, re.M), "GPU/RDMA devices must stay reachable"
+        # SIGTERM to the API server only: vLLM's engine cores exit at once on SIGTERM (issue 13 item 4).
+        assert re.findall(r"^KillMode=(.*)$", text, re.M) == ["mixed"], name
 
 
 def test_router_is_pd_with_every_planned_upstream(rendered):
