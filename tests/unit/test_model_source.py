@@ -32,3 +32,12 @@ def test_lab_synthetic_checkpoint_is_the_real_one_scaled_down(tmp_path):
     assert info["files"] >= 3 + 3
     # The default size is the real checkpoint at 1/300 (a 2 GB lab requirement holds it).
     assert abs(1536 * 300 / 1000 - synthetic_model.REAL_SIZE_GB) / synthetic_model.REAL_SIZE_GB < 0.01
+
+
+def test_production_engine_installs_flashinfer_kernels_matching_vllms_flashinfer():
+    """Offline Blackwell hosts: FlashInfer must not download its cubins at first use (issue 13 item 5)."""
+    versions = _vars("b300", "versions")["pdctl_versions"]
+    assert versions["vllm"] == "0.33.0" and versions["flashinfer"] == "0.7.2.post1"  # what vLLM 0.33.0 pins
+    packages = _vars("b300", "engine")["pdctl_engine"]["packages"]
+    for name in ("flashinfer-cubin", "flashinfer-jit-cache"):
+        assert "%s=={{ pdctl_versions.flashinfer }}" % name in packages

@@ -72,6 +72,9 @@ def test_every_instance_gets_its_own_gpus_ports_and_side_channel(rendered):
     assert len(envs) == 5
     for text in envs.values():
         assert 'VLLM_USE_V2_MODEL_RUNNER="1"' in text
+        # Offline hosts: nothing reaches out at start (issue 13 item 5).
+        for offline in ('HF_HUB_OFFLINE="1"', 'TRANSFORMERS_OFFLINE="1"', 'VLLM_NO_USAGE_STATS="1"'):
+            assert offline in text
         assert re.search(r'VLLM_NIXL_SIDE_CHANNEL_HOST="192\.0\.2\.1[123]"', text)
     p1 = envs["prefill-1.env"]
     assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in p1 and 'VLLM_NIXL_SIDE_CHANNEL_PORT="5604"' in p1
