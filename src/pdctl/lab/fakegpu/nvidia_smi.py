@@ -17,6 +17,9 @@ import sys
 import time
 
 PROFILE_PATHS = ("/etc/pdctl/hw-profile.json", "/etc/pdctl/hw-profile.yml")
+# Written by the lab's nvidia-persistenced stand-in: "Enabled" / "Disabled", as the daemon's flags and
+# state leave the GPUs. Absent (no daemon installed yet, or a test machine): the profile decides.
+PERSISTENCE_STATE = "/run/nvidia-persistenced/pdctl-lab-persistence-mode"
 
 # Same content as module_utils/pdctl_hwprofile.py B300_DEFAULT and profiles/b300.json (tested).
 DEFAULT_PROFILE = {
@@ -86,6 +89,7 @@ class Machine:
         faults = profile.get("faults") or {}
         gpu = profile["gpu"]
         self.driver = faults.get("driver_version", profile["driver_version"])
+        self.persistence = _persistence_state() or gpu.get("persistence_mode", "Enabled")
         self.cuda = profile["cuda_version"]
         missing = set(faults.get("missing_gpus") or [])
         seed = os.environ.get("PDCTL_FAKEGPU_SEED") or socket.gethostname()
@@ -142,6 +146,15 @@ class Machine:
         return "NODE" if a["numa"] == b["numa"] else "SYS"
 
 
+def _persistence_state():
+    path = os.environ.get("PDCTL_FAKEGPU_PERSISTENCE_STATE", PERSISTENCE_STATE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
 def timestamp():
     fixed = os.environ.get("PDCTL_FAKEGPU_TIME")
     return fixed or time.strftime("%a %b %d %H:%M:%S %Y")
@@ -165,7 +178,7 @@ def render_table(m: Machine) -> str:
            "|=========================================+========================+======================|"]
     gp = m.p["gpu"]
     for gpu in m.gpus:
-        persist = "On" if gp.get("persistence_mode") == "Enabled" else "Off"
+        persist = "On" if m.persistence == "Enabled" else "Off"
         out.append("|%4d  %-28s%5s  |%19s %3s |%21s |" % (gpu["index"], gpu["name"][:28], persist,
                                                         gpu["bus_id"], "Off", _ecc_total(gpu)))
         out.append("|%4s%5sC%6s%15sW / %4dW |%8dMiB / %6dMiB |%7d%%%13s |" % (
@@ -205,7 +218,7 @@ def render_xml(m: Machine) -> str:
         add(_x("product_name", gpu["name"], 2))
         add(_x("product_brand", "NVIDIA", 2))
         add(_x("product_architecture", gp["architecture"], 2))
-        add(_x("persistence_mode", gp.get("persistence_mode", "Enabled"), 2))
+        add(_x("persistence_mode", m.persistence, 2))
         add("\t\t<mig_mode>\n" + _x("current_mig", "Disabled", 3) + "\n" + _x("pending_mig", "Disabled", 3) + "\n\t\t</mig_mode>")
         add(_x("serial", gpu["serial"], 2))
         add(_x("uuid", gpu["uuid"], 2))
@@ -281,7 +294,7 @@ def render_query_text(m: Machine) -> str:
         out += [f"GPU {gpu['bus_id']}",
                 _q("Product Name", gpu["name"], 1), _q("Product Brand", "NVIDIA", 1),
                 _q("Product Architecture", gp["architecture"], 1),
-                _q("Persistence Mode", gp.get("persistence_mode", "Enabled"), 1),
+                _q("Persistence Mode", m.persistence, 1),
                 _q("Serial Number", gpu["serial"], 1), _q("GPU UUID", gpu["uuid"], 1),
                 _q("Minor Number", gpu["index"], 1),
                 "    PCI", _q("Bus Id", gpu["bus_id"], 2), "        GPU Link Info", "            PCIe Generation",
@@ -377,7 +390,7 @@ def _field(m: Machine, gpu, field):
         "ecc.mode.current": gp.get("ecc_mode", "Enabled"), "ecc.mode.pending": gp.get("ecc_mode", "Enabled"),
         "ecc.errors.uncorrected.volatile.total": gpu["ecc"]["volatile_uncorrected"],
         "ecc.errors.corrected.volatile.total": gpu["ecc"]["volatile_corrected"],
-        "persistence_mode": gp.get("persistence_mode", "Enabled"),
+        "persistence_mode": m.persistence,
         "fabric.state": gpu["fabric"].get("state", "N/A"), "fabric.status": gpu["fabric"].get("status", "N/A"),
         "pcie.link.gen.current": gp["pcie_gen"], "pcie.link.gen.max": gp["pcie_gen"],
         "pcie.link.width.current": gp["pcie_width"], "pcie.link.width.max": gp["pcie_width"],
