@@ -47,7 +47,20 @@ DEFAULT_PROFILE = {
     },
     "nvlink": {"version": 5, "links_per_gpu": 18, "link_speed_gbps": 53.125, "peer_connection": "NV18"},
     "fabric": {"state": "Completed", "status": "Success", "clique_id": "32766"},
-    "nics": [],
+    "nics": [
+        {"name": "mlx5_0", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 0, "role": "kv"},
+        {"name": "mlx5_1", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 1, "role": "kv"},
+        {"name": "mlx5_2", "device": "MT4129", "model": "ConnectX-7", "numa": 0, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_3", "device": "MT4129", "model": "ConnectX-7", "numa": 0, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_4", "device": "MT4129", "model": "ConnectX-7", "numa": 1, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_5", "device": "MT4129", "model": "ConnectX-7", "numa": 1, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_6", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 2, "role": "kv"},
+        {"name": "mlx5_7", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 3, "role": "kv"},
+        {"name": "mlx5_8", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 4, "role": "kv"},
+        {"name": "mlx5_9", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 5, "role": "kv"},
+        {"name": "mlx5_10", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 6, "role": "kv"},
+        {"name": "mlx5_11", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 7, "role": "kv"},
+    ],
     "faults": {},
 }
 
@@ -351,27 +364,47 @@ Legend:
 """
 
 
+def _nics(profile):
+    """Profile NICs as dicts (a bare name is a NIC on no particular GPU's switch)."""
+    out = []
+    for i, nic in enumerate(profile.get("nics") or []):
+        entry = {"name": nic} if isinstance(nic, str) else dict(nic)
+        entry.setdefault("gpu", None)
+        entry.setdefault("numa", None)
+        out.append(entry)
+    return out
+
+
+def _gpu_nic(gpu, nic):
+    """PIX: the NIC is on the GPU's PCIe switch; NODE: same socket; SYS: across sockets."""
+    if nic["gpu"] is not None and nic["gpu"] == gpu["slot"]:
+        return "PIX"
+    return "NODE" if nic["numa"] is None or nic["numa"] == gpu["numa"] else "SYS"
+
+
+def _nic_nic(a, b):
+    if a is b:
+        return "X"
+    if a["numa"] is None or b["numa"] is None or a["numa"] == b["numa"]:
+        return "NODE"
+    return "SYS"
+
+
 def render_topo(m: Machine) -> str:
-    nics = list(m.p.get("nics") or [])
+    nics = _nics(m.p)
     names = [f"GPU{g['index']}" for g in m.gpus] + [f"NIC{i}" for i in range(len(nics))]
     head = "\t\x1b[4m" + "\t".join(names + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]) + "\x1b[0m"
     out = [head]
-    # NICs sit on the PCIe switch of the GPU with the same position (PIX), else same socket (NODE).
-    for row, a in enumerate(m.gpus):
-        cells = [m.connection(a, b) for b in m.gpus]
-        cells += ["PIX" if i == a["slot"] else ("NODE" if i * 2 // max(len(nics), 1) == a["numa"] else "SYS")
-                  for i in range(len(nics))]
+    for a in m.gpus:
+        cells = [m.connection(a, b) for b in m.gpus] + [_gpu_nic(a, nic) for nic in nics]
         out.append(f"GPU{a['index']}\t" + "\t".join(" X " if c == "X" else c for c in cells)
                    + f"\t{a['cpus']}\t{a['numa']}\t\tN/A")
-    for i in range(len(nics)):
-        cells = []
-        for b in m.gpus:
-            cells.append("PIX" if i == b["slot"] else ("NODE" if i * 2 // max(len(nics), 1) == b["numa"] else "SYS"))
-        cells += ["X" if i == j else "SYS" for j in range(len(nics))]
-        out.append(f"NIC{i}\t" + "\t".join(" X " if c == "X" else c for c in cells))
+    for nic in nics:
+        cells = [_gpu_nic(b, nic) for b in m.gpus] + [_nic_nic(nic, other) for other in nics]
+        out.append(f"NIC{nics.index(nic)}\t" + "\t".join(" X " if c == "X" else c for c in cells))
     text = "\n".join(out) + "\n" + LEGEND
     if nics:
-        text += "\nNIC Legend:\n\n" + "".join(f"  NIC{i}: {name}\n" for i, name in enumerate(nics))
+        text += "\nNIC Legend:\n\n" + "".join(f"  NIC{i}: {nic['name']}\n" for i, nic in enumerate(nics))
     return text
 
 
