@@ -5,6 +5,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
+import pdctl_hwprofile  # noqa: E402
 import pdctl_serving  # noqa: E402
 import pdctl_topology  # noqa: E402  (module_utils is not a package the controller can import otherwise)
 
@@ -22,6 +23,11 @@ def pdctl_plan(hostvars, groups):
         return {"plan": pdctl_topology.build_plan(hosts), "errors": []}
     except pdctl_topology.PlanError as exc:
         return {"plan": None, "errors": exc.problems}
+
+
+def pdctl_kv_nics(profile_overrides):
+    """Names of the KV NICs (never NVSwitch management ports) of the expected hardware profile."""
+    return pdctl_hwprofile.kv_nics(pdctl_hwprofile.resolve(profile_overrides or {}))
 
 
 def pdctl_mount_of(mounts, path):
@@ -46,6 +52,7 @@ class FilterModule:
         return {
             "pdctl_plan": pdctl_plan,
             "pdctl_mount_of": pdctl_mount_of,
+            "pdctl_kv_nics": pdctl_kv_nics,
             "pdctl_in_venv": pdctl_serving.in_venv,
             "pdctl_serve_argv": pdctl_serving.serve_argv,
             "pdctl_check_argv": pdctl_serving.check_argv,

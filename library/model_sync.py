@@ -77,7 +77,7 @@ EXAMPLES = r"""
 - name: Stage GLM-5.2-NVFP4 from the Hub on the seed host
   model_sync:
     path: /mnt/model/glm/GLM-5.2-NVFP4
-    source: hf://zai-org/GLM-5.2-NVFP4
+    source: hf://nvidia/GLM-5.2-NVFP4
     revision: 0123456789abcdef0123456789abcdef01234567
     token: "{{ hf_token }}"
   no_log: true
@@ -141,7 +141,7 @@ source:
   description: Source as logged (no credentials, no query string).
   type: str
   returned: when the source was consulted
-  sample: hf://zai-org/GLM-5.2-NVFP4@0123456789abcdef0123456789abcdef01234567
+  sample: hf://nvidia/GLM-5.2-NVFP4@0123456789abcdef0123456789abcdef01234567
 problems:
   description: One line per wrong file, naming it with expected and found size or digest.
   type: list

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 try:
     from ansible.module_utils.pdctl_nvsmi import link_kinds
+    from ansible.module_utils.pdctl_hwprofile import nic_entries
 except ImportError:  # imported by the pdctl CLI from module_utils/ directly
     from pdctl_nvsmi import link_kinds
+    from pdctl_hwprofile import nic_entries
 
 # NVLink error counters above these fail the check (per link, since the last counter reset).
 DEFAULT_THRESHOLDS = {"replay_errors": 100, "recovery_errors": 0, "crc_errors": 100,
@@ -110,6 +112,11 @@ def check_state(host, profile, query_rows, nvlink_status, nvlink_errors, topo, v
                     failures.append(f"{host} GPU {idx} link {n}: {value} {key.replace('_', ' ')}, "
                                     f"expected at most {limit}")
 
+    # The NIC layout and CPU lists the plan placed each instance by (UCX_NET_DEVICES, CPUAffinity=).
+    # GPU slots equal nvidia-smi indices only when no GPU is missing (that already failed above).
+    if len(query_rows) == expected_gpus:
+        failures += _check_placement(host, profile, topo)
+
     # Topology: every GPU pair should show the expected NVLink bond.
     if peer_kind:
         for i, a in enumerate(gpus):
@@ -118,6 +125,30 @@ def check_state(host, profile, query_rows, nvlink_status, nvlink_errors, topo, v
                 if found != peer_kind:
                     failures.append(f"{host} {a} <-> {b}: {found}, expected {peer_kind}")
     return report, failures
+
+
+def _check_placement(host, profile, topo):
+    failures = []
+    legend = {name: nic for nic, name in (topo.get("nic_names") or {}).items()}
+    matrix = topo.get("matrix") or {}
+    for nic in nic_entries(profile):
+        name, what = nic["name"], nic.get("model") or nic.get("device") or "NIC"
+        if name not in legend:
+            failures.append(f"{host}: {what} {name} is not in the `nvidia-smi topo -m` NIC legend "
+                            f"(found: {', '.join(sorted(legend)) or 'none'}); the plan's KV NICs assume it")
+            continue
+        if nic["role"] == "kv" and nic["gpu"] is not None:
+            cell = (matrix.get(f"GPU{nic['gpu']}") or {}).get(legend[name])
+            if cell not in ("PIX", "PXB"):
+                failures.append(f"{host} GPU{nic['gpu']} <-> {name} ({legend[name]}): {cell}, expected PIX or PXB "
+                                f"(the KV NIC the plan gives GPU {nic['gpu']}'s instance)")
+    want_cpus = (profile.get("gpu") or {}).get("cpu_affinity") or []
+    for slot, want in enumerate(want_cpus):
+        found = ((topo.get("affinity") or {}).get(f"GPU{slot}") or {}).get("cpu")
+        if found is not None and found != want:
+            failures.append(f"{host} GPU{slot}: CPU affinity {found}, expected {want} (the plan pins its "
+                            "instance there: set pdctl_hw_profile.gpu.cpu_affinity from the host)")
+    return failures
 
 
 def check_bandwidth(host, profile, result, floor_gbps):

@@ -43,7 +43,23 @@ B300_DEFAULT = {
         "peer_connection": "NV18",
     },
     "fabric": {"state": "Completed", "status": "Success", "clique_id": "32766"},
-    "nics": [],
+    # One ConnectX-8 SuperNIC (MT4131) on each GPU's PCIe switch carries KV; four ConnectX-7 (MT4129) are
+    # the NVSwitch management ports (Fabric Manager / NVLSM), never a KV path. Names as on a public Dell
+    # XE9780 capture; numbering differs between vendors: confirm per site from `nvidia-smi topo -m`.
+    "nics": [
+        {"name": "mlx5_0", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 0, "role": "kv"},
+        {"name": "mlx5_1", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 1, "role": "kv"},
+        {"name": "mlx5_2", "device": "MT4129", "model": "ConnectX-7", "numa": 0, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_3", "device": "MT4129", "model": "ConnectX-7", "numa": 0, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_4", "device": "MT4129", "model": "ConnectX-7", "numa": 1, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_5", "device": "MT4129", "model": "ConnectX-7", "numa": 1, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_6", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 2, "role": "kv"},
+        {"name": "mlx5_7", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 3, "role": "kv"},
+        {"name": "mlx5_8", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 4, "role": "kv"},
+        {"name": "mlx5_9", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 5, "role": "kv"},
+        {"name": "mlx5_10", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 6, "role": "kv"},
+        {"name": "mlx5_11", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 7, "role": "kv"},
+    ],
     "faults": {},
 }
 
@@ -52,8 +68,59 @@ FAULT_KEYS = ("missing_gpus", "links_down", "link_speed", "nvlink_errors", "fabr
               "driver_version", "fabric_manager_version")
 
 
+NIC_ROLES = ("kv", "switch_mgmt")
+
+
 class ProfileError(ValueError):
     pass
+
+
+def nic_entries(profile: dict) -> list:
+    """The profile's NICs as dicts {name, device, model, numa, gpu, role}; a bare name is a KV NIC."""
+    out = []
+    for nic in profile.get("nics") or []:
+        entry = {"name": nic} if isinstance(nic, str) else dict(nic)
+        if not entry.get("name"):
+            raise ProfileError(f"hardware profile NIC without a name: {nic!r}")
+        entry.setdefault("role", "kv")
+        entry.setdefault("gpu", None)
+        out.append(entry)
+    return out
+
+
+def kv_nics(profile: dict) -> list:
+    """Names of the NICs that may carry KV (never an NVSwitch management port)."""
+    return [n["name"] for n in nic_entries(profile) if n["role"] == "kv"]
+
+
+def placement(profile: dict, slots) -> dict:
+    """Where an instance on GPU slots `slots` belongs: {nics, numa_nodes, cpu_affinity}.
+
+    nics: for each GPU, the KV NIC on its PCIe switch (`gpu` in the profile, PIX/PXB in `topo -m`), else
+    the KV NICs on its NUMA node; never a switch management port. [] when the profile lists no NICs.
+    cpu_affinity: the GPUs' CPU lists (topo -m "CPU Affinity"), in slot order, duplicates dropped.
+    """
+    gpu = profile.get("gpu") or {}
+    numa = gpu.get("numa_nodes") or []
+    cpus = gpu.get("cpu_affinity") or []
+    listed = nic_entries(profile)
+    entries = [n for n in listed if n["role"] == "kv"]
+    names, nodes, cpu_lists = [], [], []
+    for slot in slots:
+        node = numa[slot] if slot < len(numa) else None
+        if node is not None and node not in nodes:
+            nodes.append(node)
+        if slot < len(cpus) and cpus[slot] not in cpu_lists:
+            cpu_lists.append(cpus[slot])
+        if not listed:
+            continue
+        near = [n["name"] for n in entries if n["gpu"] == slot] or \
+               [n["name"] for n in entries if n.get("numa") is not None and n.get("numa") == node]
+        if not near:
+            raise ProfileError(f"GPU {slot} (NUMA node {node}) has no KV NIC in the hardware profile "
+                               f"(KV NICs: {', '.join(n['name'] for n in entries) or 'none'})")
+        names.extend(n for n in near if n not in names)
+    return {"nics": names, "numa_nodes": nodes, "cpu_affinity": " ".join(cpu_lists)}
 
 
 def merge(base: dict, override: dict) -> dict:
@@ -81,6 +148,12 @@ def validate(profile: dict) -> dict:
     links = (profile.get("nvlink") or {}).get("links_per_gpu", 0)
     if not isinstance(links, int) or links < 0:
         raise ProfileError(f"hardware profile nvlink.links_per_gpu {links!r}, expected an integer >= 0")
+    for nic in nic_entries(profile):
+        if nic.get("role", "kv") not in NIC_ROLES:
+            raise ProfileError(f"hardware profile NIC {nic.get('name')!r} role {nic.get('role')!r}, expected one of {list(NIC_ROLES)}")
+        gpu_slot = nic.get("gpu")
+        if gpu_slot is not None and (isinstance(gpu_slot, bool) or not isinstance(gpu_slot, int) or gpu_slot < 0):
+            raise ProfileError(f"hardware profile NIC {nic.get('name')!r} gpu {gpu_slot!r}, expected a GPU slot or null")
     unknown = set(profile.get("faults") or {}) - set(FAULT_KEYS)
     if unknown:
         raise ProfileError(f"hardware profile faults {sorted(unknown)} unknown, expected some of {list(FAULT_KEYS)}")

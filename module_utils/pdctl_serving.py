@@ -54,6 +54,10 @@ def serve_environment(instance, base_env=None):
         "VLLM_NIXL_SIDE_CHANNEL_HOST": instance["side_channel_host"],
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(instance["side_channel_port"]),
     })
+    # The KV NICs nearest the instance's GPUs (the plan, from the hardware profile) replace any
+    # site-wide device list.
+    if instance.get("ucx_net_devices"):
+        env["UCX_NET_DEVICES"] = instance["ucx_net_devices"]
     return env
 
 

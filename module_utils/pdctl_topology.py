@@ -15,22 +15,29 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
   pdctl_model_path         served model directory
   pdctl_versions.vllm      vLLM release the host runs
   pdctl_advertise_address  routable address (defaults to ansible_host, then the host name)
+  pdctl_hw_profile         expected hardware, overrides of the HGX B300 default (docs/hardware-profile.md):
+                           each instance's KV NICs and CPUs follow its GPUs (place_on_hardware)
 Hosts in the `router` group run the P/D router on pdctl_ports.router / router_metrics.
 """
 from __future__ import annotations
 
 import json
 
+try:
+    from ansible.module_utils.pdctl_hwprofile import ProfileError, placement, resolve as resolve_profile
+except ImportError:  # the filter plugin and the CLI import module_utils/ directly
+    from pdctl_hwprofile import ProfileError, placement, resolve as resolve_profile
+
 KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
 INSTANCE_KEYS = ("pool", "name", "gpus", "api_port", "side_channel_port", "dp_rpc_port")
-# Groups the planner gives a meaning to; `serving` is the parent of the pools. A host in any other
-# group is refused unless the inventory names that group in pdctl_extra_groups (site groupings).
 PLANNED_PORT_KEYS = ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
-             "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host")
+             "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile")
 ROUTER_GROUP = "router"
+# Groups the planner gives a meaning to; `serving` is the parent of the pools. A host in any other
+# group is refused unless the inventory names that group in pdctl_extra_groups (site groupings).
 KNOWN_GROUPS = KNOWN_POOLS + (ROUTER_GROUP, "serving", "ungrouped")
 
 
@@ -209,6 +216,37 @@ def _plan_host(host, hostvars, groups, counters, problems):
     return instances
 
 
+def place_on_hardware(instances, hosts, problems):
+    """Give each instance the KV NICs nearest its GPUs and its GPUs' CPUs, from the host's hardware
+    profile (pdctl_hw_profile over the HGX B300 default). Adds to each instance:
+      nics             RDMA devices on its GPUs' PCIe switches (never an NVSwitch management port)
+      ucx_net_devices  UCX_NET_DEVICES for them ("mlx5_0:1,..."; "" when the profile lists no NICs)
+      numa_nodes       its GPUs' NUMA nodes
+      cpu_affinity     systemd CPUAffinity= for its GPUs' sockets ("" when the profile lists none)
+    """
+    profiles = {}
+    for inst in instances:
+        host = inst["host"]
+        if host not in profiles:
+            try:
+                profiles[host] = resolve_profile((hosts[host].get("vars") or {}).get("pdctl_hw_profile") or {})
+            except ProfileError as exc:
+                profiles[host] = None
+                problems.append("%s: pdctl_hw_profile: %s" % (host, exc))
+        profile = profiles[host]
+        if profile is None:
+            continue
+        try:
+            place = placement(profile, inst["gpus"])
+        except ProfileError as exc:
+            problems.append("%s %s: %s" % (host, inst["name"], exc))
+            continue
+        inst["nics"] = place["nics"]
+        inst["ucx_net_devices"] = ",".join("%s:1" % nic for nic in place["nics"])
+        inst["numa_nodes"] = place["numa_nodes"]
+        inst["cpu_affinity"] = place["cpu_affinity"]
+
+
 def _mask(gpus):
     return ",".join(str(g) for g in gpus)
 
@@ -312,6 +350,8 @@ def build_plan(hosts):
             elif values == ["None"]:
                 problems.append("no %s set (pdctl_%s)" % (label, "model_path" if key == "model_path" else "versions.vllm"))
 
+    place_on_hardware(instances, hosts, problems)
+
     routers = sorted((h for h in hosts if ROUTER_GROUP in (hosts[h].get("groups") or [])), key=_natural_key)
     if len(routers) != 1:
         problems.append("the %s group must hold exactly one host, found %d (%s)"
@@ -359,13 +399,14 @@ def instances_on(plan, host):
 
 def format_table(plan):
     """Human-readable plan, one row per serving instance, then the router."""
-    header = ("INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL SIDE CHANNEL", "DP RPC")
+    header = ("INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL SIDE CHANNEL", "DP RPC", "NUMA", "KV NICS")
     rows = [header]
     for i in plan["instances"]:
         lo, hi = i["side_channel_ports"]
         rows.append((i["name"], i["host"], i["pool"], i["cuda_visible_devices"],
                      "%dx%d" % (i["tensor_parallel_size"], i["data_parallel_size"]),
-                     str(i["api_port"]), "%s:%s" % (i["side_channel_host"], _span(lo, hi)), str(i["dp_rpc_port"])))
+                     str(i["api_port"]), "%s:%s" % (i["side_channel_host"], _span(lo, hi)), str(i["dp_rpc_port"]),
+                     ",".join(str(n) for n in i.get("numa_nodes", [])) or "-", ",".join(i.get("nics", [])) or "-"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip() for row in rows]
     r = plan["router"]

@@ -1,5 +1,7 @@
 """Issue 5, acceptance 4: each fault of the stand-in's profile, lease expiry and SIGTERM drain."""
+import http.client
 import json
+import os
 import signal
 import socket
 import threading
@@ -140,4 +142,82 @@ def test_sigterm_drains_then_exits_zero(model, tmp_path):
     assert result["in_flight"][0] == 200
     assert json.loads(result["in_flight"][1])["usage"]["completion_tokens"] == 30
     assert eng.p.wait(10) == 0
+    eng.stop()
+
+
+# ---------------------------------------------------------------- issue 13 item 4: engine processes
+
+def engine_cores(pid):
+    """Child processes of the stand-in's API server (its engine cores)."""
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
+        return [int(c) for c in fh.read().split()]
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _stream_in_background(eng, model, result, key):
+    def run():
+        try:
+            result[key] = ce.http_post(eng.url + "/v1/chat/completions",
+                                       chat(model, max_tokens=30, ignore_eos=True, stream=True))
+        except (OSError, http.client.HTTPException) as exc:  # the stream was cut off
+            result[key] = (None, repr(exc))
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_engine_runs_one_core_process_per_dp_rank(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST)
+    eng = ce.start_engine(model, ["-dp", "3"], prof, tmp_path, "cores")
+    try:
+        time.sleep(0.5)
+        assert len(engine_cores(eng.p.pid)) == 3
+    finally:
+        eng.stop()
+
+
+def test_sigterm_to_every_process_aborts_streams_in_flight(model, tmp_path):
+    """systemd's default KillMode=control-group: the engine cores die at once, the drain cannot help."""
+    prof = ce.write_profile(tmp_path / "p.yaml", latency={**FAST, "decode_step_ms": 100})
+    eng = ce.start_engine(model, ["--shutdown-timeout", "30", "-dp", "2"], prof, tmp_path, "cgroup")
+    time.sleep(0.5)
+    cores = engine_cores(eng.p.pid)
+    result = {}
+    threads = [_stream_in_background(eng, model, result, i) for i in range(3)]
+    time.sleep(0.8)
+    for pid in [eng.p.pid] + cores:
+        os.kill(pid, signal.SIGTERM)
+    for t in threads:
+        t.join(20)
+    completed = [r for r in result.values() if r[0] == 200 and r[1].rstrip().endswith("data: [DONE]")]
+    assert len(result) == 3 and not completed, result
+    assert eng.p.wait(10) != 0
+    eng.stop()
+
+
+def test_sigterm_to_the_api_server_only_completes_streams_then_stops_the_cores(model, tmp_path):
+    """KillMode=mixed: SIGTERM reaches the main process only; it drains, then stops its cores."""
+    prof = ce.write_profile(tmp_path / "p.yaml", latency={**FAST, "decode_step_ms": 100})
+    eng = ce.start_engine(model, ["--shutdown-timeout", "30", "-dp", "2"], prof, tmp_path, "mixed")
+    time.sleep(0.5)
+    cores = engine_cores(eng.p.pid)
+    result = {}
+    threads = [_stream_in_background(eng, model, result, i) for i in range(3)]
+    time.sleep(0.8)
+    eng.p.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(20)
+    assert len(result) == 3
+    for status, text in result.values():
+        assert status == 200 and text.rstrip().endswith("data: [DONE]"), text[-300:]
+        assert text.count('"finish_reason": "length"') == 1
+    assert eng.p.wait(10) == 0
+    assert not any(_alive(pid) for pid in cores)
     eng.stop()

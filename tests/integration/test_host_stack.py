@@ -97,10 +97,12 @@ FAULTS = [
     ("driver_skew", {"pdctl_lab_hw_profile": {"faults": {"driver_version": "580.82.07"}}},
      "Host sees every GPU at the manifest driver version",
      ["8 GPUs at driver 580.82.07, expected 8 GPUs at driver 580.95.05"]),
-    ("rdma_port_down", {"pdctl_lab_ib_devices": [{"name": "mlx5_%d" % i, "state": "DOWN" if i == 3 else "ACTIVE"}
-                                                for i in range(8)] + [{"name": "mlx5_8", "vpd": "SW_MNG"}]},
+    # A KV NIC (ConnectX-8) down; the ConnectX-7 switch management ports are not KV devices.
+    ("rdma_port_down", {"pdctl_lab_ib_devices": [
+        {"name": "mlx5_%d" % i, "state": "DOWN" if i == 6 else "ACTIVE", "vpd": "SW_MNG" if 2 <= i <= 5 else ""}
+        for i in range(12)]},
      "Every RDMA device the inventory names is present and ACTIVE",
-     ["device mlx5_3 port 1: state 1: DOWN, expected ACTIVE"]),
+     ["device mlx5_6 port 1: state 1: DOWN, expected ACTIVE"]),
 ]
 
 

@@ -1,6 +1,7 @@
 """Serving on the lab: P/D through the real router, restart isolation, pre-switch validation, secrets."""
 import json
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -125,3 +126,63 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
         assert set(holders) == expected, host
         for path in holders:
             assert on_host(host, "stat", "-c", "%a %U", path).strip() == "600 pdctl"
+
+
+# ---------------------------------------------------------------- issue 13 item 4: a stop drains
+
+def _stream_until_done(url, body, started, results, key):
+    chunks, finish = 0, None
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120,
+                          headers={"Authorization": "Bearer " + api_key()}) as resp:
+            status = resp.status_code
+            for line in resp.iter_lines():
+                if line == "data: [DONE]":
+                    results[key] = (status, chunks, finish, True)
+                    return
+                if line.startswith("data: "):
+                    chunks += 1
+                    started.set()
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        finish = choice.get("finish_reason") or finish
+        results[key] = (status, chunks, finish, False)
+    except httpx.HTTPError as exc:
+        results[key] = (None, chunks, repr(exc), False)
+
+
+@pytest.mark.parametrize("host,instance,url", [
+    ("lab-prefill-0", "prefill-0", "http://10.89.64.11:8100"),   # streams served by the prefill instance
+    ("lab-decode-0", "decode-0", ROUTER),                         # P/D streams, decode leg in flight
+])
+def test_systemctl_stop_completes_the_streams_in_flight(converged_lab, host, instance, url):
+    import threading
+
+    n = 6
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}],
+            "max_tokens": 400, "ignore_eos": True, "stream": True}
+    unit = "pdctl-vllm-%s.service" % instance
+    assert "KillMode=mixed" in on_host(host, "systemctl", "cat", unit)
+    results, started = {}, [threading.Event() for _ in range(n)]
+    threads = [threading.Thread(target=_stream_until_done, args=(url, body, started[i], results, i))
+               for i in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        assert all(e.wait(60) for e in started), "streams did not start"
+        on_host(host, "systemctl", "stop", unit)  # returns once the unit has stopped
+        for t in threads:
+            t.join(120)
+        assert len(results) == n
+        for key, (status, chunks, finish, done) in sorted(results.items()):
+            assert status == 200 and done and finish == "length", \
+                "%s: stream %d cut by the stop: %r" % (instance, key, results[key])
+    finally:
+        on_host(host, "systemctl", "start", unit)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if httpx.get(url.replace(ROUTER, DECODE) + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)

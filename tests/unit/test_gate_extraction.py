@@ -80,3 +80,82 @@ def test_longbench_template_and_middle_truncation():
     cut = p.truncate_middle(text, 100)
     assert cut.startswith("HEAD") and cut.endswith("TAIL") and p.estimate_tokens(cut) <= 100
     assert p.truncate_middle("short", 100) == "short"
+
+
+# ---------------------------------------------------------------- issue 13 item 10: real endings
+
+REASONING = ("Let me work through the options. Option A ignores the spin-orbit term, and B double counts the\n"
+             "degeneracy. Between C and D, the selection rule favours C.\n\n")
+
+
+@pytest.mark.parametrize("ending, letter", [
+    ("ANSWER: C", "C"),
+    ("**ANSWER: C**", "C"),
+    ("**Answer:** C", "C"),
+    ("**ANSWER**: C", "C"),
+    ("ANSWER: **C**", "C"),
+    ("Answer: **(C)**", "C"),
+    ("*Answer*: _C_", "C"),
+    ("Answer: [C]", "C"),
+    ("Answer: Option C", "C"),
+    ("Final answer: C) 2.4 eV", "C"),
+    ("So the answer is C.", "C"),
+    ("Therefore, the answer is **C**, since the transition is allowed.", "C"),
+    ("the final answer is (c)", "C"),
+    ("Hence the answer is: C", "C"),
+    ("$\\boxed{C}$", "C"),
+    ("The answer is $\\boxed{\\text{C}}$.", "C"),
+    ("\\boxed{(C)}", "C"),
+    ("ANSWER: \\boxed{C}", "C"),
+    ("Answer: A\n\nWait, I mis-read the units.\n\nANSWER: C", "C"),    # the last commitment wins
+    ("answer: c", "C"),                                                   # lower case ending the line
+])
+def test_gpqa_reads_the_endings_reasoning_models_write(ending, letter):
+    assert p.gpqa_extract(REASONING + ending) == letter
+
+
+@pytest.mark.parametrize("ending", [
+    "I think it's C, but I'm not sure.",
+    "ANSWER: B or C",
+    "ANSWER: B/C",
+    "The answer is either B or C.",
+    "The answer is a bit subtle, so let me stop here.",
+    "The answer is not obvious.",
+    "Write your final answer in the form 'ANSWER: X'.",
+    "\\boxed{2.4\\text{ eV}}",
+])
+def test_gpqa_takes_no_letter_the_response_did_not_commit_to(ending):
+    assert p.gpqa_extract(REASONING.replace("Option A", "The first option").replace("Between C and D", "Between the last two")
+                           .replace("and B double", "and the second double").replace("favours C", "favours the third")
+                           + ending) is None
+
+
+@pytest.mark.parametrize("text, letter", [
+    ("the correct answer is (B)", "B"),
+    ("The correct answer is: (C)", "C"),
+    ("The correct answer is option D.", "D"),
+    ("**The correct answer is (b)**", "B"),
+    ("After reading the report, I conclude **(A)**.\n\nFinal answer: **A**", "A"),
+    ("$\\boxed{B}$", "B"),
+])
+def test_longbench_reads_real_endings(text, letter):
+    assert p.longbench_extract(text) == letter
+
+
+@pytest.mark.parametrize("text, value", [
+    ("The sum is 70.\n\n**Final Answer:** $\\boxed{70}$", 70),
+    ("so the count is seventy.\n\n**Final answer:** 70", 70),
+    ("Therefore the answer is 204.", 204),
+    ("ANSWER: 33", 33),
+])
+def test_aime_reads_real_endings(text, value):
+    assert p.normalize_integer(p.aime_extract(text)) == value
+
+
+@pytest.mark.parametrize("text", [
+    "We get 70 so far, then 204 after the second step.",     # numbers, but no committed answer
+    "The answer is 3.5 before rounding",
+    "the answer is 1/2",
+])
+def test_aime_takes_no_number_the_response_did_not_commit_to(text):
+    assert p.normalize_integer(p.aime_extract(text) or "") is None

@@ -102,7 +102,7 @@ def test_thresholds_option(tmp_path):
 
 def test_reports_a_one_gpu_box(tmp_path):
     one = {"gpu": {"count": 1, "bus_ids": []}, "nvlink": {"links_per_gpu": 0, "peer_connection": None},
-           "fabric": {"state": None}}
+           "fabric": {"state": None}, "nics": []}
     box = dict(profile(), **one)
     out = run("nvlink_check", nvlink(tmp_path, box, profile=one))
     assert out["report"]["gpu_count"] == 1 and out["report"]["topology"] == {"GPU0": {"GPU0": "X"}}

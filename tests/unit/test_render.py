@@ -72,6 +72,9 @@ def test_every_instance_gets_its_own_gpus_ports_and_side_channel(rendered):
     assert len(envs) == 5
     for text in envs.values():
         assert 'VLLM_USE_V2_MODEL_RUNNER="1"' in text
+        # Offline hosts: nothing reaches out at start (issue 13 item 5).
+        for offline in ('HF_HUB_OFFLINE="1"', 'TRANSFORMERS_OFFLINE="1"', 'VLLM_NO_USAGE_STATS="1"'):
+            assert offline in text
         assert re.search(r'VLLM_NIXL_SIDE_CHANNEL_HOST="192\.0\.2\.1[123]"', text)
     p1 = envs["prefill-1.env"]
     assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in p1 and 'VLLM_NIXL_SIDE_CHANNEL_PORT="5604"' in p1
@@ -84,6 +87,8 @@ def test_units_run_unprivileged_and_drain_before_kill(rendered):
         stop = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
         assert stop > 300, "%s: systemd must outwait --shutdown-timeout 300" % name
         assert not re.search(r"^(PrivateDevices|DevicePolicy)=", text, re.M), "GPU/RDMA devices must stay reachable"
+        # SIGTERM to the API server only: vLLM's engine cores exit at once on SIGTERM (issue 13 item 4).
+        assert re.findall(r"^KillMode=(.*)$", text, re.M) == ["mixed"], name
 
 
 def test_router_is_pd_with_every_planned_upstream(rendered):
@@ -100,6 +105,7 @@ def test_router_is_pd_with_every_planned_upstream(rendered):
 def test_lab_units_differ_only_in_engine_and_addresses(rendered):
     def normalise(text, engine):
         text = text.replace(engine, "ENGINE")
+        text = re.sub(r"^CPUAffinity=.*$", "CPUAffinity=(the lab's CPUs)", text, flags=re.M)
         text = re.sub(r"(192\.0\.2|10\.89\.64)\.1([123])", r"ADDR\2", text)
         return re.sub(r"b300-|lab-", "HOST-", text)
 
@@ -117,3 +123,39 @@ def test_render_rejects_an_invalid_inventory(tmp_path, capsys):
     inv = inventory_variant(tmp_path / "inv", CASES[0][1])
     assert cli.main(["render", "-i", str(inv), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the model (issue 13 item 6)
+
+def test_units_name_nvidias_checkpoint_as_the_source(rendered):
+    for inv in ("b300", "lab"):
+        for name, text in units(rendered[inv]).items():
+            assert "# weights: hf://nvidia/GLM-5.2-NVFP4 at /mnt/model/glm/GLM-5.2-NVFP4" in text, (inv, name)
+
+
+# ---------------------------------------------------------------- KV NICs and CPUs follow the GPUs (item 2)
+
+SWITCH_MGMT = {"mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5"}   # ConnectX-7 NVSwitch management ports (B300 profile)
+
+
+def _env(root, name):
+    text = next(root.glob("*/etc/pdctl/%s.env" % name)).read_text()
+    return dict(re.findall(r'^(\w+)="(.*)"$', text, re.M))
+
+
+def test_each_prefill_instance_uses_the_nics_and_cpus_of_its_own_socket(rendered):
+    p0, p1 = _env(rendered["b300"], "prefill-0"), _env(rendered["b300"], "prefill-1")
+    assert p0["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1,mlx5_6:1,mlx5_7:1"
+    assert p1["UCX_NET_DEVICES"] == "mlx5_8:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+    for env in (p0, p1, _env(rendered["b300"], "decode-0")):
+        assert not {d.split(":")[0] for d in env["UCX_NET_DEVICES"].split(",")} & SWITCH_MGMT
+    u = units(rendered["b300"])
+    aff = {n: re.findall(r"^CPUAffinity=(.*)$", u["pdctl-vllm-%s.service" % n], re.M) for n in ("prefill-0", "prefill-1")}
+    assert aff == {"prefill-0": ["0-55,112-167"], "prefill-1": ["56-111,168-223"]}
+    assert re.findall(r"^CPUAffinity=(.*)$", u["pdctl-vllm-decode-0.service"], re.M) == ["0-55,112-167 56-111,168-223"]
+
+
+def test_lab_units_pin_instances_to_the_emulated_sockets_cpus(rendered):
+    u = units(rendered["lab"])
+    assert "CPUAffinity=0\n" in u["pdctl-vllm-prefill-0.service"] and "CPUAffinity=1\n" in u["pdctl-vllm-prefill-1.service"]
+    assert _env(rendered["lab"], "prefill-1")["UCX_NET_DEVICES"] == "mlx5_8:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"

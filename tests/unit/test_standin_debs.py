@@ -23,7 +23,7 @@ def test_versions_come_from_the_manifest():
     assert by_name["nvidia-smi"] == v["nvidia_driver"] + "-1"
     assert by_name["nvidia-kernel-open-dkms"] == v["nvidia_driver"] + "-1"
     assert by_name["nvidia-fabricmanager"] == v["nvidia_fabricmanager"] + "-1"
-    assert by_name["libnvidia-nscq"] == v["nvidia_fabricmanager"] + "-1"
+    assert by_name["libnvidia-nscq"] == v["libnvidia_nscq"] + "-1"
     assert by_name["nvlsm"] == v["nvlsm"] + "-1"
     assert by_name["cuda-toolkit-" + str(v["cuda"]).replace(".", "-")].startswith(str(v["cuda"]) + ".")
     assert by_name["doca-ofed"] == v["doca"] + "-1"

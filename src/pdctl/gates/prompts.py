@@ -78,8 +78,17 @@ def normalize_integer(answer: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# A final answer stated in words when the model did not box it: "**Final answer:** 70", "the answer is 70."
+_AIME_STATED = re.compile(r"(?i:answer)(?:[\s*_]*:|\s+is\s*:?)[\s*_$]*(\d{1,3})(?![\d,/]|\.\d)[\s*_$]*(?:\.|$)", re.M)
+
+
 def aime_extract(content: str) -> str | None:
-    return last_boxed(content)
+    """The last balanced \\boxed{}; else the last "answer: N" / "answer is N" the response ends on."""
+    boxed = last_boxed(content)
+    if boxed is not None:
+        return boxed
+    stated = _AIME_STATED.findall(content or "")
+    return stated[-1] if stated else None
 
 
 def aime_correct(extracted: str | None, reference) -> bool:
@@ -97,9 +106,6 @@ GPQA_TEMPLATE = (
     "{question}\n\nA) {A}\nB) {B}\nC) {C}\nD) {D}"
 )
 
-GPQA_ANSWER = re.compile(r"(?i)answer\s*:\s*\(?([A-D])")
-
-
 def gpqa_shuffle(item_id: str, correct: str, incorrect: list[str], seed: int) -> tuple[list[str], str]:
     """Deterministic per-item order of the four choices; returns (choices, correct letter)."""
     choices = [correct] + list(incorrect)
@@ -116,9 +122,47 @@ def gpqa_prompt(question: str, choices: list[str]) -> str:
     return GPQA_TEMPLATE.format(question=question.strip(), **{L: c.strip() for L, c in zip(LETTERS, choices)})
 
 
+# What reasoning models really end with, read at least as leniently as the public harnesses
+# (simple-evals' `answer\s*:\s*\(?([A-D])`) without taking a letter the response did not commit to:
+#   ANSWER: C | **ANSWER: C** | **Answer:** C | Answer: **(C)** | answer : (d) | Answer: Option C
+#   ... so the answer is B. | The final answer is **D** | $\boxed{C}$ | \boxed{\text{(B)}}
+# Never: "I think it's B", "ANSWER: B or C", "the answer is a bit unclear", "ANSWER: X" (the template).
+_E = r"[\s*_`]*"                                   # markdown emphasis and spacing around label and letter
+_OPTION = r"(?:(?i:option|choice)\s+)?"
+_NOT_ALTERNATIVE = r"(?![\s*_]*(?:or|and|/|,|&)\s*\(?[A-Da-d]\b)"
+# The letter itself: upper case; lower case only where nothing else can be meant, "(d)" or "d" ending a line.
+_LETTER = (r"(?:\(" + _E + r"([A-Da-d])" + _E + r"\)|\[([A-Da-d])\]|([A-D])(?![A-Za-z0-9])|([a-d])(?=[\s*_.]*$))"
+           + _NOT_ALTERNATIVE)
+_LABELLED = re.compile(r"(?i:answer)" + _E + r":" + _E + _OPTION + _LETTER, re.M)
+_STATED = re.compile(r"(?i:answer)\s+(?i:is)" + _E + r":?" + _E + _OPTION + _LETTER, re.M)
+
+
+def _letter(match) -> str:
+    return next(g for g in match.groups() if g).upper()
+
+
+def boxed_letter(content: str) -> str | None:
+    """A choice letter in the last \\boxed{}: \\boxed{C}, \\boxed{(C)}, \\boxed{\\text{C}}, \\boxed{\\textbf{C}}."""
+    boxed = last_boxed(content)
+    if boxed is None:
+        return None
+    inner = re.sub(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}", r"\1", boxed)
+    inner = re.sub(r"[\s()*$]", "", inner)
+    return inner.upper() if re.fullmatch(r"[A-Da-d]", inner) else None
+
+
+def _letter_candidates(content: str) -> list[tuple[int, str]]:
+    found = [(m.start(), _letter(m)) for pattern in (_LABELLED, _STATED) for m in pattern.finditer(content)]
+    boxed = boxed_letter(content)
+    if boxed:
+        found.append((max(content.rfind("\\boxed"), content.rfind("\\fbox")), boxed))
+    return sorted(found)
+
+
 def gpqa_extract(content: str) -> str | None:
-    matches = GPQA_ANSWER.findall(content or "")
-    return matches[-1].upper() if matches else None
+    """The last answer the response commits to (labelled, stated or boxed)."""
+    found = _letter_candidates(content or "")
+    return found[-1][1] if found else None
 
 
 # --- LongBench v2 ---------------------------------------------------------------------------------
@@ -132,8 +176,11 @@ LONGBENCH_TEMPLATE = (
     "Format your response as follows: \"The correct answer is (insert answer here)\"."
 )
 
-_LB_PAREN = re.compile(r"The correct answer is \(([A-D])\)")
-_LB_BARE = re.compile(r"The correct answer is ([A-D])")
+# The official scorer's two patterns (on the response with '*' removed), first match; also in any
+# case, with a colon or "option" before the letter.
+_LB_PAREN = re.compile(r"(?i:the\s+correct\s+answer\s+is)\s*:?\s*" + _OPTION + r"\(\s*([A-Da-d])\s*\)")
+_LB_BARE = re.compile(r"(?i:the\s+correct\s+answer\s+is)\s*:?\s*" + _OPTION + r"([A-D])(?![A-Za-z0-9])"
+                      + _NOT_ALTERNATIVE)
 
 
 def estimate_tokens(text: str) -> int:
@@ -163,9 +210,13 @@ def longbench_prompt(context: str, question: str, choices: list[str], max_contex
 
 
 def longbench_extract(content: str) -> str | None:
+    """The official "The correct answer is (X)" (first match); else the last committed answer."""
     text = (content or "").replace("*", "")
     m = _LB_PAREN.search(text) or _LB_BARE.search(text)
-    return m.group(1) if m else None
+    if m:
+        return m.group(1).upper()
+    found = _letter_candidates(text)
+    return found[-1][1] if found else None
 
 
 def letter_correct(extracted: str | None, reference: str) -> bool:

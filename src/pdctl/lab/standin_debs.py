@@ -60,17 +60,32 @@ def _readme(name: str) -> dict:
 
 
 _PERSISTENCED = """#!/bin/sh
-# pdctl lab stand-in for nvidia-persistenced: no GPUs to hold open, so it only stays up.
-echo "nvidia-persistenced (pdctl lab stand-in) started: $*"
-exec sleep infinity
+# pdctl lab stand-in for nvidia-persistenced: no GPUs to hold open. Like the real daemon it leaves
+# persistence mode on unless started with --no-persistence-mode, and off when it stops; the GPU
+# emulator (nvidia-smi) reports what it left in the state file.
+mode=Enabled
+for arg in "$@"; do
+  case "$arg" in
+    --no-persistence-mode) mode=Disabled ;;
+    --persistence-mode) mode=Enabled ;;
+  esac
+done
+state=/run/nvidia-persistenced/pdctl-lab-persistence-mode
+mkdir -p /run/nvidia-persistenced
+echo "$mode" > "$state"
+echo "nvidia-persistenced (pdctl lab stand-in) started: $* (persistence mode $mode)"
+trap 'echo Disabled > "$state"; exit 0' TERM INT
+sleep infinity &
+wait $!
 """
 
+# As Ubuntu packages it: the unit runs the daemon with --no-persistence-mode (the roles override it).
 _PERSISTENCED_UNIT = """[Unit]
 Description=NVIDIA Persistence Daemon (pdctl lab stand-in)
 
 [Service]
 Type=simple
-ExecStart=/usr/bin/nvidia-persistenced --verbose
+ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose
 
 [Install]
 WantedBy=multi-user.target
@@ -157,7 +172,7 @@ def standins(versions: dict | None = None) -> list[Standin]:
                  "/usr/share/nvidia/nvswitch/fabricmanager.cfg": ("LOG_LEVEL=4\nDAEMONIZE=0\nFABRIC_MODE=0\n", 0o644),
                  "/lib/systemd/system/nvidia-fabricmanager.service": (_FM_UNIT, 0o644)},
                 depends="nvidia-smi, python3"),
-        Standin("libnvidia-nscq", fm + rev, "NVIDIA NVSwitch configuration and query library",
+        Standin("libnvidia-nscq", v["libnvidia_nscq"] + rev, "NVIDIA NVSwitch configuration and query library",
                 _readme("libnvidia-nscq")),
         Standin("nvlsm", nvlsm + rev, "NVIDIA NVLink subnet manager",
                 {"/usr/sbin/nvlsm": (_NVLSM % nvlsm, 0o755),

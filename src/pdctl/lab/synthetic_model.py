@@ -23,7 +23,9 @@ from urllib.parse import unquote, urlsplit, parse_qs
 
 from pdctl import repo
 
-REPO_ID = "zai-org/GLM-5.2-NVFP4"
+REPO_ID = "nvidia/GLM-5.2-NVFP4"  # the production source's repo id (inventories/*/model_source.yml)
+# The real checkpoint is ~459 GB; the default synthetic one is the same layout at 1/300 of the size.
+REAL_SIZE_GB = 459
 CHUNK = 8 * 1024 * 1024
 
 
@@ -114,6 +116,15 @@ def build(out_dir, size_mb=1536, shards=None, seed=0):
             json.dump(data, fh, indent=2, sort_keys=True)
             fh.write("\n")
     tok = _tokenizer(out_dir)
+    # The tokenizer writes its own config.json; it keeps the real checkpoint's quantization section
+    # (ModelOpt NVFP4), which is what vLLM reads to pick the NVFP4 kernels.
+    with open(os.path.join(out_dir, "config.json")) as fh:
+        config = json.load(fh)
+    if "quantization_config" not in config:
+        config["quantization_config"] = _config()["quantization_config"]
+        with open(os.path.join(out_dir, "config.json"), "w") as fh:
+            json.dump(config, fh, indent=2, sort_keys=True)
+            fh.write("\n")
     entries = []
     for rel in pdm.scan_dir(out_dir):
         full = os.path.join(out_dir, rel)

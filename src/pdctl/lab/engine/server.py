@@ -1,5 +1,11 @@
 """The stand-in's HTTP server (aiohttp): vLLM 0.33's OpenAI API, /metrics, P/D KV hand-off,
-profile-driven timing, SIGTERM drain and the profile's faults."""
+profile-driven timing, SIGTERM drain and the profile's faults.
+
+Processes as in vLLM: this API server process plus one engine-core process per local DP rank. A
+SIGTERM to the API server drains (--shutdown-timeout), then it stops its engine cores itself. An
+engine core that exits on its own (vLLM's cores exit at once on SIGTERM, e.g. when systemd's
+KillMode=control-group signals every process of the unit) kills the requests in flight, and the
+API server exits with an error: that is what KillMode=mixed avoids."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +16,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import time
 import uuid
 
@@ -25,6 +32,10 @@ BLOCK_SIZE = 64
 KV_CAPACITY_TOKENS = 1_000_000  # per DP rank, for vllm:kv_cache_usage_perc only
 DEFAULT_MAX_NUM_SEQS = 1024
 TRACE = bool(os.environ.get("PDCTL_ENGINE_TRACE"))
+# An engine core: nothing to compute here; it lives until its API server closes the pipe, and a
+# SIGTERM ends it at once (the default action), like vLLM's EngineCore processes.
+ENGINE_CORE = ("import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+               "signal.signal(signal.SIGINT, signal.SIG_IGN); sys.stdin.buffer.read()")
 
 
 def loop_now() -> float:
@@ -87,6 +98,8 @@ class Engine:
         self.compat = hashlib.sha256(f"{VLLM_VERSION}|{args.model}|{spec}".encode()).hexdigest()[:16]
         self.leases = kv.Leases(self.lease_s, self._lease_expired)
         self.draining = False
+        self.dead = False                      # an engine core died: requests in flight were aborted
+        self.handlers: set[asyncio.Task] = set()
         self.in_flight = 0
         self.completed = 0
         self.idle = asyncio.Event()
@@ -379,11 +392,14 @@ async def handle_generate(request: web.Request, kind: str):
         log.info("trace %s arrival=%.4f parsed=%.4f", rid, time.time() - (loop_now() - arrival), time.time())
     engine.in_flight += 1
     engine.idle.clear()
+    task = asyncio.current_task()
+    engine.handlers.add(task)
     try:
         if body.get("stream"):
             return await _stream(request, engine, req, kind, body)
         return await _full(engine, req, kind)
     finally:
+        engine.handlers.discard(task)
         engine.in_flight -= 1
         if engine.in_flight == 0:
             engine.idle.set()
@@ -536,7 +552,7 @@ async def handle_render(request):
 
 
 async def handle_health(request):
-    return web.Response(status=200)
+    return web.Response(status=503 if request.app["engine"].dead else 200)
 
 
 async def handle_version(request):
@@ -608,8 +624,17 @@ async def serve(engine: Engine) -> int:
     site = web.TCPSite(runner, host, engine.args.port, reuse_address=True)
     await site.start()
     tasks = [asyncio.create_task(engine.reaper()), asyncio.create_task(engine.leaker())]
+    cores = await start_engine_cores(engine, stop)
     log.info("Starting vLLM API server (lab stand-in) on http://%s:%d", host, engine.args.port)
     await stop.wait()
+    if engine.dead:
+        await stop_engine_cores(cores)
+        for t in tasks:
+            t.cancel()
+        for s in side_servers:
+            s.close()
+        await runner.cleanup()
+        return 1
     timeout = engine.args.shutdown_timeout
     log.info("[shutdown] mode=%s timeout=%ss in_flight=%d", "drain" if timeout else "abort", timeout,
              engine.in_flight)
@@ -619,12 +644,54 @@ async def serve(engine: Engine) -> int:
             await asyncio.wait_for(engine.idle.wait(), timeout)
         except asyncio.TimeoutError:
             log.warning("[shutdown] drain timed out with %d requests in flight", engine.in_flight)
+    await stop_engine_cores(cores)
     for t in tasks:
         t.cancel()
     for s in side_servers:
         s.close()
     await runner.cleanup()
-    return 0
+    return 1 if engine.dead else 0
+
+
+async def start_engine_cores(engine: Engine, stop: asyncio.Event) -> list:
+    """One engine-core process per local DP rank, each watched: one that exits unasked aborts
+    every request in flight and stops the server (vLLM: EngineDeadError)."""
+    cores = []
+    for rank in range(engine.dp):
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", ENGINE_CORE,
+                                                    "EngineCore_DP%d" % (engine.dp_start + rank),
+                                                    stdin=asyncio.subprocess.PIPE)
+        cores.append(proc)
+
+        async def watch(proc=proc, rank=rank):
+            rc = await proc.wait()
+            if getattr(proc, "pdctl_stopping", False):
+                return
+            log.error("EngineCore_DP%d (pid %d) died unexpectedly (rc %s): aborting %d requests in flight",
+                      engine.dp_start + rank, proc.pid, rc, engine.in_flight)
+            engine.dead = True
+            engine.draining = True
+            for handler in list(engine.handlers):
+                handler.cancel()
+            stop.set()
+
+        proc.pdctl_watch = asyncio.create_task(watch())
+    log.info("engine cores: %s", ", ".join(str(p.pid) for p in cores))
+    return cores
+
+
+async def stop_engine_cores(cores) -> None:
+    """What vLLM's API server does after its drain: stop its own engine cores."""
+    for proc in cores:
+        proc.pdctl_stopping = True
+        if proc.returncode is None:
+            proc.stdin.close()
+    for proc in cores:
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
 def port_free(host: str, port: int) -> bool:

@@ -17,6 +17,9 @@ import sys
 import time
 
 PROFILE_PATHS = ("/etc/pdctl/hw-profile.json", "/etc/pdctl/hw-profile.yml")
+# Written by the lab's nvidia-persistenced stand-in: "Enabled" / "Disabled", as the daemon's flags and
+# state leave the GPUs. Absent (no daemon installed yet, or a test machine): the profile decides.
+PERSISTENCE_STATE = "/run/nvidia-persistenced/pdctl-lab-persistence-mode"
 
 # Same content as module_utils/pdctl_hwprofile.py B300_DEFAULT and profiles/b300.json (tested).
 DEFAULT_PROFILE = {
@@ -44,7 +47,20 @@ DEFAULT_PROFILE = {
     },
     "nvlink": {"version": 5, "links_per_gpu": 18, "link_speed_gbps": 53.125, "peer_connection": "NV18"},
     "fabric": {"state": "Completed", "status": "Success", "clique_id": "32766"},
-    "nics": [],
+    "nics": [
+        {"name": "mlx5_0", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 0, "role": "kv"},
+        {"name": "mlx5_1", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 1, "role": "kv"},
+        {"name": "mlx5_2", "device": "MT4129", "model": "ConnectX-7", "numa": 0, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_3", "device": "MT4129", "model": "ConnectX-7", "numa": 0, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_4", "device": "MT4129", "model": "ConnectX-7", "numa": 1, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_5", "device": "MT4129", "model": "ConnectX-7", "numa": 1, "gpu": None, "role": "switch_mgmt"},
+        {"name": "mlx5_6", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 2, "role": "kv"},
+        {"name": "mlx5_7", "device": "MT4131", "model": "ConnectX-8", "numa": 0, "gpu": 3, "role": "kv"},
+        {"name": "mlx5_8", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 4, "role": "kv"},
+        {"name": "mlx5_9", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 5, "role": "kv"},
+        {"name": "mlx5_10", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 6, "role": "kv"},
+        {"name": "mlx5_11", "device": "MT4131", "model": "ConnectX-8", "numa": 1, "gpu": 7, "role": "kv"},
+    ],
     "faults": {},
 }
 
@@ -86,6 +102,7 @@ class Machine:
         faults = profile.get("faults") or {}
         gpu = profile["gpu"]
         self.driver = faults.get("driver_version", profile["driver_version"])
+        self.persistence = _persistence_state() or gpu.get("persistence_mode", "Enabled")
         self.cuda = profile["cuda_version"]
         missing = set(faults.get("missing_gpus") or [])
         seed = os.environ.get("PDCTL_FAKEGPU_SEED") or socket.gethostname()
@@ -142,6 +159,15 @@ class Machine:
         return "NODE" if a["numa"] == b["numa"] else "SYS"
 
 
+def _persistence_state():
+    path = os.environ.get("PDCTL_FAKEGPU_PERSISTENCE_STATE", PERSISTENCE_STATE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
 def timestamp():
     fixed = os.environ.get("PDCTL_FAKEGPU_TIME")
     return fixed or time.strftime("%a %b %d %H:%M:%S %Y")
@@ -165,7 +191,7 @@ def render_table(m: Machine) -> str:
            "|=========================================+========================+======================|"]
     gp = m.p["gpu"]
     for gpu in m.gpus:
-        persist = "On" if gp.get("persistence_mode") == "Enabled" else "Off"
+        persist = "On" if m.persistence == "Enabled" else "Off"
         out.append("|%4d  %-28s%5s  |%19s %3s |%21s |" % (gpu["index"], gpu["name"][:28], persist,
                                                         gpu["bus_id"], "Off", _ecc_total(gpu)))
         out.append("|%4s%5sC%6s%15sW / %4dW |%8dMiB / %6dMiB |%7d%%%13s |" % (
@@ -205,7 +231,7 @@ def render_xml(m: Machine) -> str:
         add(_x("product_name", gpu["name"], 2))
         add(_x("product_brand", "NVIDIA", 2))
         add(_x("product_architecture", gp["architecture"], 2))
-        add(_x("persistence_mode", gp.get("persistence_mode", "Enabled"), 2))
+        add(_x("persistence_mode", m.persistence, 2))
         add("\t\t<mig_mode>\n" + _x("current_mig", "Disabled", 3) + "\n" + _x("pending_mig", "Disabled", 3) + "\n\t\t</mig_mode>")
         add(_x("serial", gpu["serial"], 2))
         add(_x("uuid", gpu["uuid"], 2))
@@ -281,7 +307,7 @@ def render_query_text(m: Machine) -> str:
         out += [f"GPU {gpu['bus_id']}",
                 _q("Product Name", gpu["name"], 1), _q("Product Brand", "NVIDIA", 1),
                 _q("Product Architecture", gp["architecture"], 1),
-                _q("Persistence Mode", gp.get("persistence_mode", "Enabled"), 1),
+                _q("Persistence Mode", m.persistence, 1),
                 _q("Serial Number", gpu["serial"], 1), _q("GPU UUID", gpu["uuid"], 1),
                 _q("Minor Number", gpu["index"], 1),
                 "    PCI", _q("Bus Id", gpu["bus_id"], 2), "        GPU Link Info", "            PCIe Generation",
@@ -338,27 +364,47 @@ Legend:
 """
 
 
+def _nics(profile):
+    """Profile NICs as dicts (a bare name is a NIC on no particular GPU's switch)."""
+    out = []
+    for i, nic in enumerate(profile.get("nics") or []):
+        entry = {"name": nic} if isinstance(nic, str) else dict(nic)
+        entry.setdefault("gpu", None)
+        entry.setdefault("numa", None)
+        out.append(entry)
+    return out
+
+
+def _gpu_nic(gpu, nic):
+    """PIX: the NIC is on the GPU's PCIe switch; NODE: same socket; SYS: across sockets."""
+    if nic["gpu"] is not None and nic["gpu"] == gpu["slot"]:
+        return "PIX"
+    return "NODE" if nic["numa"] is None or nic["numa"] == gpu["numa"] else "SYS"
+
+
+def _nic_nic(a, b):
+    if a is b:
+        return "X"
+    if a["numa"] is None or b["numa"] is None or a["numa"] == b["numa"]:
+        return "NODE"
+    return "SYS"
+
+
 def render_topo(m: Machine) -> str:
-    nics = list(m.p.get("nics") or [])
+    nics = _nics(m.p)
     names = [f"GPU{g['index']}" for g in m.gpus] + [f"NIC{i}" for i in range(len(nics))]
     head = "\t\x1b[4m" + "\t".join(names + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]) + "\x1b[0m"
     out = [head]
-    # NICs sit on the PCIe switch of the GPU with the same position (PIX), else same socket (NODE).
-    for row, a in enumerate(m.gpus):
-        cells = [m.connection(a, b) for b in m.gpus]
-        cells += ["PIX" if i == a["slot"] else ("NODE" if i * 2 // max(len(nics), 1) == a["numa"] else "SYS")
-                  for i in range(len(nics))]
+    for a in m.gpus:
+        cells = [m.connection(a, b) for b in m.gpus] + [_gpu_nic(a, nic) for nic in nics]
         out.append(f"GPU{a['index']}\t" + "\t".join(" X " if c == "X" else c for c in cells)
                    + f"\t{a['cpus']}\t{a['numa']}\t\tN/A")
-    for i in range(len(nics)):
-        cells = []
-        for b in m.gpus:
-            cells.append("PIX" if i == b["slot"] else ("NODE" if i * 2 // max(len(nics), 1) == b["numa"] else "SYS"))
-        cells += ["X" if i == j else "SYS" for j in range(len(nics))]
-        out.append(f"NIC{i}\t" + "\t".join(" X " if c == "X" else c for c in cells))
+    for nic in nics:
+        cells = [_gpu_nic(b, nic) for b in m.gpus] + [_nic_nic(nic, other) for other in nics]
+        out.append(f"NIC{nics.index(nic)}\t" + "\t".join(" X " if c == "X" else c for c in cells))
     text = "\n".join(out) + "\n" + LEGEND
     if nics:
-        text += "\nNIC Legend:\n\n" + "".join(f"  NIC{i}: {name}\n" for i, name in enumerate(nics))
+        text += "\nNIC Legend:\n\n" + "".join(f"  NIC{i}: {nic['name']}\n" for i, nic in enumerate(nics))
     return text
 
 
@@ -377,7 +423,7 @@ def _field(m: Machine, gpu, field):
         "ecc.mode.current": gp.get("ecc_mode", "Enabled"), "ecc.mode.pending": gp.get("ecc_mode", "Enabled"),
         "ecc.errors.uncorrected.volatile.total": gpu["ecc"]["volatile_uncorrected"],
         "ecc.errors.corrected.volatile.total": gpu["ecc"]["volatile_corrected"],
-        "persistence_mode": gp.get("persistence_mode", "Enabled"),
+        "persistence_mode": m.persistence,
         "fabric.state": gpu["fabric"].get("state", "N/A"), "fabric.status": gpu["fabric"].get("status", "N/A"),
         "pcie.link.gen.current": gp["pcie_gen"], "pcie.link.gen.max": gp["pcie_gen"],
         "pcie.link.width.current": gp["pcie_width"], "pcie.link.width.max": gp["pcie_width"],
