@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 # calls /v1/chat/completions/render on every P and D worker for each request (3 tokenizations) and
 # two more HTTP hops; at c=32 requests move in synchronised waves, so on a 2-core machine short
 # prompts and a long TTFT keep that overhead inside 5%.
+# A decode step grows by 0.05 ms per request running on the same DP rank (the stand-in's default).
 LATENCY = {"prefill_tokens_per_s": 500, "prefill_overhead_ms": 100, "decode_step_ms": 30,
            "decode_step_ms_per_request": 0.05, "mtp_acceptance_rate": 0.8,
            # 128 KB of simulated KV per request: a wave of 32 pulls then costs a few ms, not the
@@ -54,12 +55,33 @@ def pd(env):
         p.stop()
 
 
-def expected(concurrency, backend, latency=LATENCY):
+def dp_size(argv) -> int:
+    return int(argv[argv.index("-dp") + 1])
+
+
+def running_per_rank(concurrency: int, dp: int) -> float:
+    """What a request's decode step sees: the requests running on its own DP rank.
+
+    vLLM (and the stand-in) spreads requests over the DP ranks by load, and each rank steps its own batch.
+    With `concurrency` requests spread evenly, r = c mod dp ranks hold q + 1 = c // dp + 1 and the others q;
+    a request on a rank of n sees n, so the mean over requests is sum(n^2) / c (c=1: 1; c=32, DP8: 4).
+    """
+    q, r = divmod(concurrency, dp)
+    return (r * (q + 1) ** 2 + (dp - r) * q ** 2) / concurrency
+
+
+def expected(concurrency, backend, dp, latency=LATENCY):
     prof = engine_profile.load(None)
     prof["latency"].update(latency)
     prompt = INPUT_LEN + (CHAT_TEMPLATE_TOKENS if backend == "openai-chat" else 0)
     return (engine_profile.expected_ttft_s(prof, prompt) * 1000,
-            engine_profile.expected_tpot_s(prof, concurrency, 3) * 1000)
+            engine_profile.expected_tpot_s(prof, running_per_rank(concurrency, dp), 3) * 1000)
+
+
+def test_running_per_rank_model():
+    assert running_per_rank(1, 8) == 1 and running_per_rank(32, 8) == 4 and running_per_rank(8, 8) == 1
+    assert running_per_rank(12, 8) == (4 * 4 + 4 * 1) / 12  # four ranks hold 2, four hold 1
+    assert running_per_rank(3, 1) == 3  # one rank: every request counts
 
 
 def decode_side_ttft_ms(decode) -> float:
@@ -93,7 +115,7 @@ def test_single_standin(env, single, concurrency, num_prompts, backend):
     res = ce.bench(env["vllm_rs"], single.url, env["model"], env["dir"], f"single-c{concurrency}",
                    backend=backend, concurrency=concurrency, num_prompts=num_prompts,
                    input_len=INPUT_LEN, output_len=OUTPUT_LEN)
-    ttft, tpot = expected(concurrency, backend)
+    ttft, tpot = expected(concurrency, backend, dp_size(ce.SINGLE_ARGS))
     check(res, ttft, tpot, num_prompts)
 
 
@@ -105,5 +127,5 @@ def test_pd_through_router(env, pd, concurrency, num_prompts, backend):
     res = ce.bench(env["vllm_rs"], pd["router"].url, env["model"], env["dir"], f"pd-c{concurrency}",
                    backend=backend, concurrency=concurrency, num_prompts=num_prompts,
                    input_len=INPUT_LEN, output_len=OUTPUT_LEN)
-    ttft, tpot = expected(concurrency, backend, PD_LATENCY)
+    ttft, tpot = expected(concurrency, backend, dp_size(ce.DECODE_ARGS), PD_LATENCY)
     check(res, ttft + decode_side_ttft_ms(pd["decode"]), tpot, num_prompts)

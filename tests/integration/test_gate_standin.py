@@ -1,12 +1,10 @@
-"""Gates end to end against a local engine on 127.0.0.1: the lab stand-in (python -m pdctl.lab.engine serve)
-when it is importable, else tests/fixtures/gates/mock_engine.py (same profile and answer-key contract).
+"""Gates end to end against a local engine on 127.0.0.1: the lab stand-in (python -m pdctl.lab.engine serve).
 
 The SLA tests run the real benchmark client (vllm-rs from the vllm 0.33.0 wheel, pdctl.lab.tools) at small
 context and output lengths so they finish in seconds on a 2-core machine.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -19,12 +17,12 @@ import httpx
 import pytest
 import yaml
 
+import requires
 from pdctl.gates import accuracy, answer_key, cli, sla
+from pdctl.lab import tokenizer, tools
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "fixtures" / "gates" / "datasets"
-MOCK = ROOT / "tests" / "fixtures" / "gates" / "mock_engine.py"
-USE_STANDIN = importlib.util.find_spec("pdctl.lab.engine") is not None and os.environ.get("PDCTL_GATE_ENGINE") != "mock"
 
 pytestmark = pytest.mark.slow
 
@@ -43,15 +41,7 @@ def _free_port():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("model")
-    if USE_STANDIN:
-        from pdctl.lab import tokenizer
-
-        tokenizer.build(d)
-    else:
-        sys.path.insert(0, str(MOCK.parent))
-        import mock_engine
-
-        mock_engine.build_tokenizer(d)
+    tokenizer.build(d)
     return d
 
 
@@ -65,11 +55,8 @@ def engine(tmp_path, model_dir):
         path.write_text(yaml.safe_dump(profile))
         port = _free_port()
         env = dict(os.environ, PDCTL_ENGINE_PROFILE=str(path))
-        if USE_STANDIN:
-            argv = [sys.executable, "-m", "pdctl.lab.engine", "serve", str(model_dir), "--host", "127.0.0.1",
-                    "--port", str(port)]
-        else:
-            argv = [sys.executable, str(MOCK), "--port", str(port)]
+        argv = [sys.executable, "-m", "pdctl.lab.engine", "serve", str(model_dir), "--host", "127.0.0.1",
+                "--port", str(port)]
         log_path = tmp_path / ("engine%d.log" % len(procs))
         log = open(log_path, "w")
         procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -97,11 +84,9 @@ def engine(tmp_path, model_dir):
 @pytest.fixture(scope="module")
 def vllm_rs():
     try:
-        from pdctl.lab import tools
-
         return str(tools.ensure_vllm_rs())
-    except Exception as exc:  # no wheel cached and no index reachable
-        pytest.skip("vllm-rs unavailable: %s" % exc)
+    except subprocess.CalledProcessError as exc:  # `pip download` of the vllm wheel failed: no cache, no index
+        requires.missing("vllm-rs (the vllm %s wheel)" % tools.VLLM_VERSION, "pip download failed: %s" % exc)
 
 
 def _key(tmp_path, rate):

@@ -1,12 +1,17 @@
 """P/D hand-off of the engine stand-in: the producer's kv_transfer_params, leases, the KV pull,
 answer keys and the lab tokenizer."""
 import asyncio
+import hashlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
+from pdctl.gates import answer_key
 from pdctl.lab import tokenizer as lab_tokenizer
 from pdctl.lab.engine import answers, args as engine_args, kv, profile as engine_profile
 from pdctl.lab.engine.cli import load_model_dir
@@ -77,27 +82,39 @@ def test_pull_real_bytes_and_failures():
     asyncio.run(go())
 
 
-def test_answer_key_is_deterministic(tmp_path):
+def _in_fresh_python(code: str, seed: str) -> str:
+    """Run code in a new interpreter with another hash seed: what a second engine process would do."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=dict(os.environ, PYTHONHASHSEED=seed)).stdout
+
+
+def test_answer_key_follows_the_documented_rule_in_every_process(tmp_path):
     prompts = [f"question {i}" for i in range(200)]
     entries = {answers.prompt_sha(p): {"correct": "ANSWER: A", "wrong": "ANSWER: B"} for p in prompts}
     path = tmp_path / "key.json"
     path.write_text(json.dumps({"correct_rate": 0.7, "entries": entries}))
     key = answers.AnswerKey(str(path))
     got = [key.answer(p)[1] for p in prompts]
-    assert got == [answers.AnswerKey(str(path)).answer(p)[1] for p in prompts]
-    for p, g in zip(prompts, got):
-        sha = answers.prompt_sha(p)
-        assert (g == "ANSWER: A") == (int(sha[:8], 16) / 2**32 < 0.7)
+    # Worked by hand from sha256("question i")[:8] / 2**32: 0.381, 0.099, 0.748, 0.979, 0.400, 0.597, 0.868, 0.937.
+    assert got[:8] == ["ANSWER: A", "ANSWER: A", "ANSWER: B", "ANSWER: B", "ANSWER: A", "ANSWER: A", "ANSWER: B",
+                       "ANSWER: B"]
+    for p, g in zip(prompts, got):  # the rule the gate uses to predict the stand-in (answer_key.predicted_correct)
+        assert (g == "ANSWER: A") == answer_key.predicted_correct(hashlib.sha256(p.encode()).hexdigest(), 0.7)
     assert 0.55 < got.count("ANSWER: A") / 200 < 0.85
+    other = _in_fresh_python("import json; from pdctl.lab.engine import answers; k = answers.AnswerKey(%r); "
+                             "print(json.dumps([k.answer('question %%d' %% i)[1] for i in range(200)]))" % str(path),
+                             seed="12345")
+    assert json.loads(other) == got
     assert answers.AnswerKey(str(path), correct_rate=0.0).answer(prompts[0])[1] == "ANSWER: B"
     assert key.answer("not in the key") is None
     assert "ANSWER" not in answers.AnswerKey(str(path), mode="unparsable").answer(prompts[0])[1]
 
 
 def test_tokenizer_build_is_deterministic_and_exact(tmp_path, model_dir):
-    again = lab_tokenizer.build(tmp_path / "again")
+    """Built again in another process with another hash seed (set and dict order must not leak in)."""
+    _in_fresh_python("from pdctl.lab import tokenizer; tokenizer.build(%r)" % str(tmp_path / "again"), seed="4242")
     for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        assert (again / name).read_bytes() == (model_dir / name).read_bytes()
+        assert (tmp_path / "again" / name).read_bytes() == (model_dir / name).read_bytes()
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["model_type"] == "glm_moe_dsa" and cfg["architectures"] == ["GlmMoeDsaForCausalLM"]
     tok, _, _ = load_model_dir(str(model_dir), None)

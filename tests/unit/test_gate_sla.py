@@ -78,12 +78,22 @@ def test_remote_client_is_quoted_for_the_remote_shell():
     assert shell.stdout.strip() == "1"
 
 
-def test_validate():
-    assert sla.validate(sla.merge_config({"client": ["/nonexistent/vllm-rs", "bench", "serve"]}))
+def test_validate_names_each_problem(tmp_path):
+    assert sla.validate(sla.merge_config({"client": ["/nonexistent/vllm-rs", "bench", "serve"]})) == [
+        "benchmark client /nonexistent/vllm-rs not found"]
     problems = sla.validate(sla.merge_config({"exec_prefix": ["ssh", "h"], "contexts": [0],
                                               "max_tpot_ms": -1, "capacity": {"enabled": True, "start": 9,
                                                                               "max": 4}}))
-    assert len(problems) == 3
+    assert problems == ["contexts must be a non-empty list of positive integers, got [0]",
+                        "max_tpot_ms must be a positive number, got -1",
+                        "capacity needs 1 <= start <= max, got 9..4"]  # the remote client is not looked up here
+    for key, value in (("output_len", 0), ("concurrency", "4"), ("max_ttft_ms", 0)):
+        assert sla.validate(sla.merge_config({"exec_prefix": ["ssh", "h"], key: value}))[0].startswith(
+            "%s must be a positive" % key), key
+    client = tmp_path / "vllm-rs"
+    client.write_text("#!/bin/sh\n")
+    client.chmod(0o755)
+    assert sla.validate(sla.merge_config({"client": [str(client), "bench", "serve"]})) == []
 
 
 @pytest.mark.parametrize("threshold", list(range(0, 41)))

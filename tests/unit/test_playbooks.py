@@ -25,9 +25,3 @@ def test_every_role_follows_the_house_layout():
         for part in ("defaults/main.yml", "meta/argument_specs.yml", "tasks/main.yml"):
             assert (role / part).is_file(), "%s lacks %s" % (role.name, part)
 
-
-def test_lab_stages_every_debian_package_the_roles_declare():
-    from pdctl.lab import store
-
-    names = store.declared_debian_packages()
-    assert "chrony" in names and "python3-venv" in names

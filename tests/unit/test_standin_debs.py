@@ -5,12 +5,16 @@ import subprocess
 import pytest
 import yaml
 
+import requires
 from inventories import ROOT
 from pdctl.lab import standin_debs, store
 
-pytestmark = pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb")
-
 HOST_STACK_ROLES = ("nvidia_driver", "nvidia_fabric", "cuda_toolkit", "rdma")
+
+
+@pytest.fixture
+def dpkg_deb():
+    return requires.binary("dpkg-deb", "the stand-in .debs are built and read with dpkg-deb (package dpkg)")
 
 
 def _field(deb, name):
@@ -48,7 +52,7 @@ def test_every_nvidia_package_the_roles_declare_for_debian_is_a_standin():
     assert declared - standin_debs.names() == {"infiniband-diags"}
 
 
-def test_built_debs_carry_the_real_names_and_the_emulator(tmp_path):
+def test_built_debs_carry_the_real_names_and_the_emulator(tmp_path, dpkg_deb):
     debs = {p.name: p for p in standin_debs.build(tmp_path)}
     assert len(debs) == len(standin_debs.standins())
     smi = next(p for n, p in debs.items() if n.startswith("nvidia-smi_"))
@@ -79,8 +83,54 @@ def test_fabric_manager_standin_reports_the_profile_version(tmp_path):
     assert out.strip() == "Fabric Manager version is : 580.82.07"
 
 
-def test_store_excludes_standins_from_the_debian_resolution():
-    names = standin_debs.names()
-    declared = store.declared_debian_packages()
-    assert "nvidia-smi" in declared and "infiniband-diags" in declared
-    assert [p for p in declared if p not in names] and not names & {p for p in declared if p not in names}
+def _declared_by_the_roles():
+    """Read independently of the store: every `*_packages` list in roles/*/vars/Debian*.yml."""
+    declared = set()
+    for path in (ROOT / "roles").glob("*/vars/Debian*.yml"):
+        for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+            if key.endswith("_packages"):
+                declared.update(value)
+    return declared
+
+
+def test_store_stages_every_declared_package_and_resolves_only_the_real_ones(tmp_path, monkeypatch, dpkg_deb):
+    """stage_apt with the debootstrap root and apt-get replaced: what it asks Debian for, what it indexes."""
+    requires.binary("apt-ftparchive", "the lab's flat apt repository is indexed with apt-ftparchive (package apt-utils)")
+    root = tmp_path / "rootfs"
+    monkeypatch.setattr(store.image, "base_rootfs", lambda: root)
+    monkeypatch.setattr(store.image, "cache_dir", lambda: tmp_path / "cache")
+    (tmp_path / "cache").mkdir()
+    asked = []
+    real_run = subprocess.run
+
+    def run(argv, *args, **kwargs):
+        if argv[0] != "chroot":
+            return real_run(argv, *args, **kwargs)
+        # `chroot ROOT apt-get install --download-only ... PACKAGES`: download one minimal .deb per package.
+        packages = [a for a in argv[argv.index("install") + 1:] if not a.startswith("-") and "=" not in a]
+        asked.extend(packages)
+        for name in packages:
+            pkg = tmp_path / "debs" / name
+            (pkg / "DEBIAN").mkdir(parents=True)
+            (pkg / "DEBIAN" / "control").write_text(
+                "Package: %s\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n" % name)
+            real_run(["dpkg-deb", "--build", str(pkg), str(root / "var/cache/pdctl-stage" / (name + "_1.0_all.deb"))],
+                     check=True, capture_output=True)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(store.subprocess, "run", run)
+    (tmp_path / "store").mkdir()
+    target = store.stage_apt(tmp_path / "store")
+    declared = _declared_by_the_roles()
+    standins = standin_debs.names()
+    assert sorted(asked) == sorted(declared - standins)  # Debian is asked only for what is not a stand-in
+    assert asked and declared & standins
+    indexed = {}
+    for stanza in (target / "Packages").read_text().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
+        if fields:
+            indexed[fields["Package"]] = fields["Version"]
+    assert declared <= set(indexed), "declared but not staged: %s" % sorted(declared - set(indexed))
+    for s in standin_debs.standins():
+        assert indexed[s.name] == s.version, s.name  # the stand-in, not a Debian package of that name
+    assert (target / "Release").is_file()

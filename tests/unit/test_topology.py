@@ -44,9 +44,18 @@ def test_b300_plan_matches_the_recipe(capsys):
 def test_table_output_lists_every_instance(capsys):
     rc, out, _ = plan_cli(capsys, ROOT / "inventories/b300")
     assert rc == 0
-    for name in ("prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"):
-        assert name in out
-    assert "192.0.2.11:5604-5607" in out and "router: http://192.0.2.13:8000" in out
+    lines = out.splitlines()
+    assert lines[0].split() == ["INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL", "SIDE", "CHANNEL",
+                                "DP", "RPC"]
+    rows = [line.split() for line in lines[1:lines.index("")]]
+    assert rows == [
+        ["decode-0", "b300-decode-0", "decode", "0,1,2,3,4,5,6,7", "1x8", "8100", "192.0.2.13:5600-5607", "13345"],
+        ["prefill-0", "b300-prefill-0", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.11:5600-5603", "13345"],
+        ["prefill-1", "b300-prefill-0", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.11:5604-5607", "13346"],
+        ["prefill-2", "b300-prefill-1", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.12:5600-5603", "13345"],
+        ["prefill-3", "b300-prefill-1", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.12:5604-5607", "13346"],
+    ]
+    assert "router: http://192.0.2.13:8000 on b300-decode-0" in out
 
 
 def test_lab_differs_from_b300_only_in_addresses(capsys):
@@ -67,8 +76,16 @@ def test_malformed_inventory_is_rejected(tmp_path, capsys, case, overrides, expe
         assert words in err, "expected %r in:\n%s" % (words, err)
 
 
-def test_at_least_twelve_distinct_malformed_cases():
-    assert len({c[0] for c in CASES}) >= 12
+def test_each_malformed_case_is_a_different_diagnosis(tmp_path, capsys):
+    """No two cases end in the same set of problems, so each exercises a check of its own."""
+    seen = {}
+    for name, overrides, _ in CASES:
+        rc, _, err = plan_cli(capsys, inventory_variant(tmp_path / name, overrides))
+        problems = frozenset(line.strip() for line in err.splitlines() if line.startswith("  - "))
+        assert rc == 2 and problems, name
+        assert problems not in seen, "%s and %s report the same problems: %s" % (seen.get(problems), name, problems)
+        seen[problems] = name
+    assert len(seen) >= 12
 
 
 def test_exit_code_from_the_console_script(tmp_path):
