@@ -46,14 +46,15 @@ def test_table_output_lists_every_instance(capsys):
     assert rc == 0
     lines = out.splitlines()
     assert lines[0].split() == ["INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL", "SIDE", "CHANNEL",
-                                "DP", "RPC"]
+                                "DP", "RPC", "NUMA", "KV", "NICS"]
     rows = [line.split() for line in lines[1:lines.index("")]]
     assert rows == [
-        ["decode-0", "b300-decode-0", "decode", "0,1,2,3,4,5,6,7", "1x8", "8100", "192.0.2.13:5600-5607", "13345"],
-        ["prefill-0", "b300-prefill-0", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.11:5600-5603", "13345"],
-        ["prefill-1", "b300-prefill-0", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.11:5604-5607", "13346"],
-        ["prefill-2", "b300-prefill-1", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.12:5600-5603", "13345"],
-        ["prefill-3", "b300-prefill-1", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.12:5604-5607", "13346"],
+        ["decode-0", "b300-decode-0", "decode", "0,1,2,3,4,5,6,7", "1x8", "8100", "192.0.2.13:5600-5607", "13345", "0,1",
+         "mlx5_0,mlx5_1,mlx5_6,mlx5_7,mlx5_8,mlx5_9,mlx5_10,mlx5_11"],
+        ["prefill-0", "b300-prefill-0", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.11:5600-5603", "13345", "0", "mlx5_0,mlx5_1,mlx5_6,mlx5_7"],
+        ["prefill-1", "b300-prefill-0", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.11:5604-5607", "13346", "1", "mlx5_8,mlx5_9,mlx5_10,mlx5_11"],
+        ["prefill-2", "b300-prefill-1", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.12:5600-5603", "13345", "0", "mlx5_0,mlx5_1,mlx5_6,mlx5_7"],
+        ["prefill-3", "b300-prefill-1", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.12:5604-5607", "13346", "1", "mlx5_8,mlx5_9,mlx5_10,mlx5_11"],
     ]
     assert "router: http://192.0.2.13:8000 on b300-decode-0" in out
 
