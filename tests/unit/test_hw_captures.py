@@ -82,9 +82,11 @@ def test_h200_x2_nvlink_status_and_topology():
 
 
 def _x2_state(profile):
-    # That machine has no RDMA NIC beside its GPUs (the topo legend lists none), so its profile
-    # declares none; the B300 default would expect ConnectX-8 NICs in the legend.
-    profile = dict(profile, nics=[])
+    # What that machine is, beyond the recorded profile (which predates NIC and CPU placement): no RDMA
+    # NIC beside its GPUs (the topo legend lists none) and both GPUs on CPUs 0-31, NUMA node 0.
+    gpu = dict(profile.get("gpu") or {})
+    count = int(gpu.get("count", 2))
+    profile = dict(profile, nics=[], gpu=dict(gpu, numa_nodes=[0] * count, cpu_affinity=["0-31"] * count))
     sec = x2_sections()
     rows = query_rows_from_xml(nv.parse_query_xml((X2 / "q.xml").read_text()))
     return pdctl_hwcheck.check_state("h200-x2", pdctl_hwprofile.resolve(profile), rows,
