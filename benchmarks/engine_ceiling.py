@@ -4,16 +4,12 @@ which the real `vllm-rs bench serve` still measures the profile's TPOT within 5%
     .venv/bin/python benchmarks/engine_ceiling.py [--levels 32,64,128,256,512]
 """
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
-
-import conftest_engine as ce  # noqa: E402
-from pdctl.lab import tokenizer, tools  # noqa: E402
-from pdctl.lab.engine import profile as engine_profile  # noqa: E402
+from pdctl.lab import loopback as ce
+from pdctl.lab import tokenizer, tools
+from pdctl.lab.engine import profile as engine_profile
 
 LATENCY = {"prefill_tokens_per_s": 200000, "prefill_overhead_ms": 20, "decode_step_ms": 30,
            "decode_step_ms_per_request": 0.0, "mtp_acceptance_rate": 0.8, "kv_bytes_per_token": 1024}

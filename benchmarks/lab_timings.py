@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from pdctl import repo, runner
+from pdctl import collection, runner
 from pdctl.lab import hosts, image
 
 
@@ -32,8 +32,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cold", action="store_true", help="include debootstrap (temporary cache)")
     args = ap.parse_args()
-    inv = repo.root() / "inventories" / "lab"
-    env = {"PDCTL_LAB_DIR": str(repo.root() / ".lab")}
+    inv = collection.root() / "inventories" / "lab"
+    env = {"PDCTL_LAB_DIR": str(collection.root() / ".lab")}
     rows = []
     hosts.down()
     if args.cold:

@@ -21,17 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from pdctl import repo  # noqa: E402
 from pdctl.lab import synthetic_model  # noqa: E402
-
-pdm = repo.module_util("pdctl_model")
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm
 
 
 def timed(fn, repeat=3):

@@ -1,6 +1,3 @@
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "module_utils"))
-sys.path.insert(0, str(ROOT / "tests"))
+"""Test-wide settings. The tests import the collection's code the one way everything else does
+(`ansible_collections.pdctl.vllm_pd...`, linked by scripts/bootstrap), and their helper modules
+through pytest's `pythonpath` setting (pyproject.toml)."""

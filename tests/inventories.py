@@ -6,7 +6,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from pdctl import collection
+
+ROOT = collection.root()
 
 
 def inventory_variant(dest: Path, overrides: dict | None = None, base: str = "lab") -> Path:

@@ -5,22 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 
-import ansible.module_utils
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from inventories import ROOT
-
-# Modules import shared code as ansible.module_utils.pdctl_*: make ours importable that way.
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-
 
 def load(name):
-    spec = importlib.util.spec_from_file_location("pdctl_lib_" + name, ROOT / "library" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The module pdctl.vllm_pd.<name>, imported as the collection package it is."""
+    return importlib.import_module("ansible_collections.pdctl.vllm_pd.plugins.modules." + name)
 
 
 def run(name, args, capsys, check_mode=False):

@@ -4,15 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pdctl import repo
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 
 EXIT_INVALID = 2  # the inventory (or other input) was rejected before anything changed
 
 
 def _cmd_plan(args) -> int:
     from pdctl import inventory
-
-    topology = repo.module_util("pdctl_topology")
     try:
         plan = inventory.plan(args.inventory)
     except inventory.InventoryError as exc:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pdctl import repo
+from pdctl import collection
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 
 
 class InventoryError(Exception):
@@ -31,15 +32,13 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
     path = Path(inventory)
     if not path.exists():
         raise InventoryError("inventory %s does not exist" % path)
-    os.environ.setdefault("ANSIBLE_CONFIG", str(repo.root() / "ansible.cfg"))
+    os.environ.setdefault("ANSIBLE_CONFIG", str(collection.root() / "ansible.cfg"))
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import init_plugin_loader
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
-
-    topology = repo.module_util("pdctl_topology")
     _init_plugins(init_plugin_loader)
     loader = DataLoader()
     try:
@@ -63,5 +62,4 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
 
 def plan(inventory: str | os.PathLike) -> dict:
     """Load the inventory and compute the serving plan (raises the planner's PlanError)."""
-    topology = repo.module_util("pdctl_topology")
     return topology.build_plan(load(inventory))

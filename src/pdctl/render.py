@@ -8,13 +8,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pdctl import repo, runner
+from pdctl import runner
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 
 
 def main(args) -> int:
     from pdctl import inventory
-
-    topology = repo.module_util("pdctl_topology")
     try:
         inventory.plan(args.inventory)
     except (inventory.InventoryError, topology.PlanError) as exc:

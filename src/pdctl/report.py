@@ -5,7 +5,8 @@ import json
 import sys
 from pathlib import Path
 
-from pdctl import repo
+from pdctl import collection
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 
 
 def _latest_gate_reports(artifacts: Path) -> list[tuple[str, dict, Path]]:
@@ -22,8 +23,6 @@ def _latest_gate_reports(artifacts: Path) -> list[tuple[str, dict, Path]]:
 
 def main(args) -> int:
     from pdctl import inventory
-
-    topology = repo.module_util("pdctl_topology")
     try:
         plan = inventory.plan(args.inventory)
     except (inventory.InventoryError, topology.PlanError) as exc:
@@ -31,7 +30,7 @@ def main(args) -> int:
         return 2
     print("== serving plan (%s)" % args.inventory)
     print(topology.format_table(plan))
-    if Path(args.inventory).resolve() == (repo.root() / "inventories" / "lab").resolve():
+    if Path(args.inventory).resolve() == (collection.root() / "inventories" / "lab").resolve():
         from pdctl.lab import hosts
 
         print("\n== lab hosts")
@@ -71,5 +70,5 @@ def _gate_lines(kind, data):
 def add_parser(sub):
     p = sub.add_parser("report", help="the rollout report: plan, hosts, latest gate verdicts")
     p.add_argument("-i", "--inventory", required=True)
-    p.add_argument("--artifacts", default=str(repo.root() / "artifacts"))
+    p.add_argument("--artifacts", default=str(collection.root() / "artifacts"))
     p.set_defaults(func=main)

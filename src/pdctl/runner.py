@@ -6,7 +6,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdctl import repo
+from pdctl import collection
 
 
 @dataclass
@@ -45,7 +45,7 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
     bindir = os.path.dirname(sys.executable)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    root = repo.root()
+    root = collection.root()
     pdd = private_data_dir or tempfile.mkdtemp(prefix="pdctl-runner-")
     failures = []
 

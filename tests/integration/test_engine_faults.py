@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-import conftest_engine as ce
+from pdctl.lab import loopback as ce
 from pdctl.lab import tokenizer
 
 pytestmark = pytest.mark.slow

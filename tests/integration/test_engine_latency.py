@@ -3,7 +3,7 @@ through the real vllm-router in P/D mode (loopback): never below the model, and 
 what a busy machine adds (see BELOW/ABOVE)."""
 import pytest
 
-import conftest_engine as ce
+from pdctl.lab import loopback as ce
 from pdctl.lab import tokenizer, tools
 from pdctl.lab.engine import profile as engine_profile
 

@@ -2,7 +2,7 @@
 (two producers, one consumer, loopback) complete without failures; the consumer counts the pulls."""
 import pytest
 
-import conftest_engine as ce
+from pdctl.lab import loopback as ce
 from pdctl.lab import tokenizer, tools
 
 pytestmark = pytest.mark.slow

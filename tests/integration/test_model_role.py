@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pdctl import repo
+from pdctl import collection
 from pdctl.lab import synthetic_model as sm
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm
 
 pytestmark = pytest.mark.slow
-ROOT = repo.root()
+ROOT = collection.root()
 TOKEN = "hf_ROLEtest987654321secret"
 HOSTS = ("h-prefill-0", "h-prefill-1", "h-decode-0")
 
@@ -88,8 +89,6 @@ def test_role_stages_once_fans_out_and_is_idempotent(tmp_path):
         assert all(r["changed"] == 0 and r["failed"] == 0 for r in recap(out).values()), out
         assert hub.bytes_served == info["size"]
         assert all(r["authorization"] == "Bearer " + TOKEN for r in hub.requests)
-
-    pdm = repo.module_util("pdctl_model")
     external = 0
     for h in HOSTS:
         path = str(tmp_path / h / "mnt" / "GLM-5.2-NVFP4")

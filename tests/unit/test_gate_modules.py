@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from module_harness import run
 
-from pdctl import repo
+from pdctl import collection
 
-ROOT = repo.root()
+ROOT = collection.root()
 DATA = ROOT / "tests" / "fixtures" / "gates" / "datasets"
 MODULES = ("accuracy_gate", "sla_gate")
 

@@ -5,12 +5,12 @@ import re
 
 from test_hw_support import FIXTURES  # noqa: F401  (sets up ansible.module_utils)
 
-from ansible.module_utils import pdctl_hwcheck, pdctl_hwprofile, pdctl_kvpath, pdctl_nvsmi as nv
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import hwcheck, hwprofile, kvpath, nvsmi as nv
 
 CAP = FIXTURES / "h200-x2"
 TEXT = (CAP / "captures.txt").read_text()
 # An H200 pair as its own profile: 18 NVLink links at 26.562 GB/s, NV18, no NVSwitch fabric, no NICs.
-H200 = pdctl_hwprofile.resolve({
+H200 = hwprofile.resolve({
     "name": "h200-x2", "driver_version": "580.159.04", "cuda_version": "13.0",
     "gpu": {"count": 2, "name": "NVIDIA H200", "memory_mib": 143771, "bus_ids": ["00000000:00:06.0", "00000000:00:07.0"],
             "numa_nodes": [0, 0], "cpu_affinity": ["0-31", "0-31"]},
@@ -71,14 +71,14 @@ def _rows():
 
 
 def test_nvlink_check_passes_the_h200_pair_against_an_h200_profile():
-    report, failures = pdctl_hwcheck.check_state("h200", H200, _rows(), nv.parse_nvlink_status(nvlink_text()), {},
+    report, failures = hwcheck.check_state("h200", H200, _rows(), nv.parse_nvlink_status(nvlink_text()), {},
                                                  nv.parse_topo_matrix(topo_text()))
     assert failures == [] and report["link_kinds"] == {"NV18": 1}
 
 
 def test_nvlink_check_names_every_slow_link_against_the_b300_speed():
-    b300_speed = pdctl_hwprofile.merge(H200, {"nvlink": {"link_speed_gbps": 53.125}})
-    _, failures = pdctl_hwcheck.check_state("h200", b300_speed, _rows(), nv.parse_nvlink_status(nvlink_text()), {},
+    b300_speed = hwprofile.merge(H200, {"nvlink": {"link_speed_gbps": 53.125}})
+    _, failures = hwcheck.check_state("h200", b300_speed, _rows(), nv.parse_nvlink_status(nvlink_text()), {},
                                             nv.parse_topo_matrix(topo_text()))
     assert len(failures) == 36 and "h200 GPU 1 link 17: speed 26.562 GB/s, expected 53.125 GB/s" in failures
 
@@ -103,6 +103,6 @@ def test_real_nixl_vram_read_between_two_gpus_is_judged_healthy_for_nvlink_and_n
         assert transfer["op"] == "READ" and transfer["mem"] == "VRAM" and transfer["data_ok"]
         assert 265 <= transfer["bandwidth_gbps"] <= 295 and transfer["transports"] == ["cuda_ipc/cuda"]
         # A floor far under the measured NVLink READ passes; the same transfer is not an RDMA path.
-        assert pdctl_kvpath.judge(transfer, 200, False, "gpu0 -> gpu1") == []
-        failures = pdctl_kvpath.judge(transfer, 200, True, "gpu0 -> gpu1")
+        assert kvpath.judge(transfer, 200, False, "gpu0 -> gpu1") == []
+        failures = kvpath.judge(transfer, 200, True, "gpu0 -> gpu1")
         assert len(failures) == 1 and "UCX chose cuda_ipc/cuda" in failures[0]

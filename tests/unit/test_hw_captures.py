@@ -14,7 +14,7 @@ from test_hw_modules import ExitJson, load, raising_exits  # noqa: F401  (fixtur
 from test_hw_support import FIXTURES
 
 import requires
-from ansible.module_utils import pdctl_hwcheck, pdctl_hwprofile, pdctl_kvpath, pdctl_nvsmi as nv
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import hwcheck, hwprofile, kvpath, nvsmi as nv
 from ansible.module_utils.testing import patch_module_args
 
 X2 = FIXTURES / "h200-x2"
@@ -89,7 +89,7 @@ def _x2_state(profile):
     profile = dict(profile, nics=[], gpu=dict(gpu, numa_nodes=[0] * count, cpu_affinity=["0-31"] * count))
     sec = x2_sections()
     rows = query_rows_from_xml(nv.parse_query_xml((X2 / "q.xml").read_text()))
-    return pdctl_hwcheck.check_state("h200-x2", pdctl_hwprofile.resolve(profile), rows,
+    return hwcheck.check_state("h200-x2", hwprofile.resolve(profile), rows,
                                      nv.parse_nvlink_status(sec["status"]), {}, nv.parse_topo_matrix(sec["topo"]))
 
 
@@ -116,9 +116,9 @@ def test_nvlink_check_on_h200_x2_passes_with_the_h200_link_speed():
 def test_bandwidth_check_on_h200_x2():
     recorded = json.loads((X2 / "nvlink_bw.json").read_text())
     bw = recorded["bandwidth"]
-    _, failures = pdctl_hwcheck.check_bandwidth("h200-x2", recorded["profile"], bw, 300.0)
+    _, failures = hwcheck.check_bandwidth("h200-x2", recorded["profile"], bw, 300.0)
     assert failures == recorded["failures"] == []
-    _, failures = pdctl_hwcheck.check_bandwidth("h200-x2", recorded["profile"], bw, 400.0)
+    _, failures = hwcheck.check_bandwidth("h200-x2", recorded["profile"], bw, 400.0)
     assert failures == ["h200-x2 GPU 0 -> GPU 1: 386.2 GB/s, expected at least 400.0 GB/s (peer access True)",
                         "h200-x2 GPU 1 -> GPU 0: 388.9 GB/s, expected at least 400.0 GB/s (peer access True)"]
 
@@ -143,7 +143,7 @@ def test_kv_judging_reproduces_every_recorded_verdict():
         if "transfer" not in result:
             continue  # the run failed before a transfer (its message is kept in the fixture)
         args = result["invocation"]["module_args"]
-        mine = pdctl_kvpath.judge(result["transfer"], args["min_bandwidth_gbps"], args["expect_rdma"], "WHERE")
+        mine = kvpath.judge(result["transfer"], args["min_bandwidth_gbps"], args["expect_rdma"], "WHERE")
         assert [m.split(": ", 1)[1] for m in mine] == [m.split(": ", 1)[1] for m in result["failures"]], run["variant"]
         judged += 1
     assert judged >= 8
@@ -159,7 +159,7 @@ def test_kv_transports_of_the_real_runs():
     two_gpu = [r["result"]["transfer"] for m, r in recorded_kv_runs() if m == "h200-x2"]
     assert len(two_gpu) == 3
     assert all(t["data_ok"] and 250 < t["bandwidth_gbps"] < 400 for t in two_gpu)
-    assert pdctl_kvpath.judge(two_gpu[0], 10.0, True, "x2")[0].startswith("x2: UCX chose cuda_ipc/cuda for the KV")
+    assert kvpath.judge(two_gpu[0], 10.0, True, "x2")[0].startswith("x2: UCX chose cuda_ipc/cuda for the KV")
 
 
 def test_h200_x1_nixl_loopback_is_judged_too_slow():
@@ -167,7 +167,7 @@ def test_h200_x1_nixl_loopback_is_judged_too_slow():
     runs = re.findall(r"^(\d+) (DONE|ERR) (True|False) ([0-9.]+) GB/s$", (X1 / "nixl.txt").read_text(), re.M)
     assert len(runs) == 3 and all(state == "DONE" and ok == "True" for _, state, ok, _ in runs)
     result = {"data_ok": True, "op": "READ", "mem": "VRAM", "bandwidth_gbps": float(runs[-1][3]), "transports": []}
-    assert pdctl_kvpath.judge(result, 10.0, False, "h200-x1 loopback") == [
+    assert kvpath.judge(result, 10.0, False, "h200-x1 loopback") == [
         "h200-x1 loopback: NIXL READ VRAM bandwidth 0.40 GB/s, expected at least 10.0 GB/s (UCX transports: unknown)"]
 
 
@@ -177,10 +177,10 @@ def test_h100_state_check_against_the_b300_profile_as_recorded():
     sec = hash_sections(H100 / "captures.txt")
     parsed = nv.parse_query_xml(sec["nvidia-smi -q -x"])
     recorded = json.loads((H100 / "nvlink_check_b300.json").read_text())
-    rows = nv.parse_query_csv(sec["query"], pdctl_hwcheck.QUERY_FIELDS)  # captured with nvlink_check's own query
+    rows = nv.parse_query_csv(sec["query"], hwcheck.QUERY_FIELDS)  # captured with nvlink_check's own query
     assert [(r["index"], r["pci.bus_id"], r["fabric.state"]) for r in rows] == [("0", "00000000:00:06.0", "N/A")]
-    _, failures = pdctl_hwcheck.check_state(
-        "h100-x1", pdctl_hwprofile.resolve(recorded["invocation"]["module_args"]["profile"]), rows,
+    _, failures = hwcheck.check_state(
+        "h100-x1", hwprofile.resolve(recorded["invocation"]["module_args"]["profile"]), rows,
         nv.parse_nvlink_status(sec["nvidia-smi nvlink --status"]), nv.parse_nvlink_errors(sec["nvidia-smi nvlink -e"]),
         nv.parse_topo_matrix(sec["nvidia-smi topo -m"]), version=nv.parse_version(sec["nvidia-smi --version"]))
     assert failures == recorded["failures"]
@@ -333,8 +333,8 @@ def test_b300_with_a_gpu_missing_as_on_the_real_host():
     gpus = ["GPU%d" % i for i in range(7)]
     topo = {"devices": gpus, "matrix": {a: {b: ("X" if a == b else "NV18") for b in gpus} for a in gpus},
             "affinity": {}, "nic_names": {}}
-    profile = pdctl_hwprofile.resolve({"driver_version": "610.57.04", "gpu": {"bus_ids": []}})
-    report, failures = pdctl_hwcheck.check_state("xe9780", profile, rows, status, {}, topo)
+    profile = hwprofile.resolve({"driver_version": "610.57.04", "gpu": {"bus_ids": []}})
+    report, failures = hwcheck.check_state("xe9780", profile, rows, status, {}, topo)
     assert failures == ["xe9780: 7 GPUs found, expected 8"]
     assert report["link_kinds"] == {"NV18": 21}
     assert profile["gpu"]["name"] == "NVIDIA B300 SXM6 AC" and profile["gpu"]["memory_mib"] == 275040

@@ -2,10 +2,9 @@
 message, run against the emulator as an `nvidia-smi` executable - the path lab hosts take."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from test_hw_support import REPO, fake_bin, profile
+from module_harness import load
+from test_hw_support import fake_bin, profile
 
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
@@ -29,13 +28,6 @@ def raising_exits(monkeypatch):
 
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "library" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def run(name, args, expect=ExitJson):
@@ -114,7 +106,7 @@ def test_check_mode_runs_read_only(tmp_path):
 
 
 def test_bandwidth_mode_low_floor(tmp_path):
-    from ansible.module_utils.pdctl_hwcheck import check_bandwidth
+    from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwcheck import check_bandwidth
     result = {"device_count": 2, "pairs": [{"src": 0, "dst": 1, "gbps": 12.5, "peer_access": False},
                                           {"src": 1, "dst": 0, "gbps": 700.0, "peer_access": True}]}
     _, failures = check_bandwidth("lab-prefill-0", {"gpu": {"count": 2}}, result, 300.0)

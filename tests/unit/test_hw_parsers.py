@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_hw_support import FAKE_COMMANDS, FAKE_ENV, FIXTURES, emulate, fake, profile
+from test_hw_support import FAKE_COMMANDS, FIXTURES, emulate, fake, profile
 
-from ansible.module_utils import pdctl_hwprofile, pdctl_nvsmi as nv
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import hwprofile, nvsmi as nv
 
 H200 = FIXTURES / "h200-x1"
 B300 = FIXTURES / "b300-emulated"
@@ -107,12 +107,12 @@ def test_emulator_reads_profile_file(tmp_path, monkeypatch):
 
 def test_one_default_profile_everywhere():
     packaged = json.loads((FIXTURES.parents[2] / "src/pdctl/lab/fakegpu/profiles/b300.json").read_text())
-    assert packaged == fake.DEFAULT_PROFILE == pdctl_hwprofile.B300_DEFAULT
+    assert packaged == fake.DEFAULT_PROFILE == hwprofile.B300_DEFAULT
 
 
 def test_profile_validation():
-    with pytest.raises(pdctl_hwprofile.ProfileError, match="faults"):
-        pdctl_hwprofile.resolve({"faults": {"melted": True}})
-    with pytest.raises(pdctl_hwprofile.ProfileError, match="gpu.count"):
-        pdctl_hwprofile.resolve({"gpu": {"count": "eight"}})
-    assert pdctl_hwprofile.resolve({"gpu": {"count": 1, "bus_ids": []}})["gpu"]["count"] == 1
+    with pytest.raises(hwprofile.ProfileError, match="faults"):
+        hwprofile.resolve({"faults": {"melted": True}})
+    with pytest.raises(hwprofile.ProfileError, match="gpu.count"):
+        hwprofile.resolve({"gpu": {"count": "eight"}})
+    assert hwprofile.resolve({"gpu": {"count": 1, "bus_ids": []}})["gpu"]["count"] == 1

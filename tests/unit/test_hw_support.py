@@ -5,16 +5,9 @@ import json
 import sys
 from pathlib import Path
 
-import ansible.module_utils as _mu
+from pdctl.lab.fakegpu import nvidia_smi as fake
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures" / "hw"
-# Our modules import `ansible.module_utils.pdctl_*`; ansible.cfg points there for playbooks.
-if str(REPO / "module_utils") not in _mu.__path__:
-    _mu.__path__.append(str(REPO / "module_utils"))
-sys.path.insert(0, str(REPO / "src"))
-
-from pdctl.lab.fakegpu import nvidia_smi as fake  # noqa: E402
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hw"
 
 FAKE_ENV = {"PDCTL_FAKEGPU_SEED": "fixture", "PDCTL_FAKEGPU_TIME": "Sun Nov 29 12:00:00 2026"}
 FAKE_COMMANDS = {
@@ -52,6 +45,6 @@ def fake_bin(tmp_path, prof):
     path = write_profile(tmp_path, prof)
     script = tmp_path / "nvidia-smi"
     script.write_text("#!/bin/sh\nPDCTL_HW_PROFILE=%s PDCTL_FAKEGPU_SEED=fixture exec %s %s \"$@\"\n"
-                      % (path, sys.executable, REPO / "src/pdctl/lab/fakegpu/nvidia_smi.py"))
+                      % (path, sys.executable, fake.__file__))
     script.chmod(0o755)
     return script

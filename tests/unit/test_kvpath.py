@@ -11,13 +11,14 @@ import sys
 import threading
 
 import pytest
+from pathlib import Path
 from test_hw_modules import ExitJson, FailJson, raising_exits, run  # noqa: F401  (fixture re-used)
-from test_hw_support import FIXTURES, REPO
+from test_hw_support import FIXTURES
 
 import requires
-from ansible.module_utils import pdctl_kvpath as kv
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import kvpath as kv
 
-WORKER = REPO / "module_utils" / "pdctl_kvpath.py"
+WORKER = Path(kv.__file__)
 
 
 def free_port():

@@ -1,4 +1,4 @@
-"""module_utils/pdctl_model.py and the lab synthetic model: small files in tmp dirs."""
+"""module_utils/model.py and the lab synthetic model: small files in tmp dirs."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,8 @@ import urllib.request
 
 import pytest
 
-from pdctl import repo
 from pdctl.lab import synthetic_model as sm
-
-pdm = repo.module_util("pdctl_model")
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm
 
 SIZE_MB = 2
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from module_harness import run
 
-from pdctl import repo
+from pdctl import collection
 from pdctl.lab import synthetic_model as sm
 
-ROOT = repo.root()
+ROOT = collection.root()
 
 MODULES = ("model_sync", "model_verify", "model_serve")
 TOKEN = "hf_pdctlTEST0123456789secretTOKEN"

@@ -1,4 +1,4 @@
-"""Every module in library/: its documentation parses, matches its argument spec, and renders.
+"""Every module in plugins/modules: its documentation parses, matches its argument spec, and renders.
 
 ansible-test's validate-modules does not apply to a playbook repository, so this does its core job.
 """
@@ -13,7 +13,7 @@ from module_harness import load
 
 from inventories import ROOT
 
-MODULES = sorted(p.stem for p in (ROOT / "library").glob("*.py"))
+MODULES = sorted(p.stem for p in (ROOT / "plugins" / "modules").glob("*.py"))
 
 
 def captured_module_kwargs(name, monkeypatch):
@@ -47,12 +47,12 @@ def test_documentation_matches_the_argument_spec(name, monkeypatch):
 def test_secrets_are_no_log():
     for name, option in (("accuracy_gate", "hf_token"), ("accuracy_gate", "api_key"), ("sla_gate", "api_key"),
                          ("model_sync", "token")):
-        assert "no_log=True" in (ROOT / "library" / (name + ".py")).read_text().split(option + "=dict(")[1].split(")")[0]
+        assert "no_log=True" in (ROOT / "plugins" / "modules" / (name + ".py")).read_text().split(option + "=dict(")[1].split(")")[0]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_ansible_doc_renders(name):
-    res = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-M", str(ROOT / "library"), name],
+    res = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "pdctl.vllm_pd." + name],
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert name in res.stdout and "OPTIONS" in res.stdout

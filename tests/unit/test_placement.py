@@ -6,22 +6,22 @@ import pytest
 
 from test_hw_support import emulate, fake, profile  # noqa: F401  (sets up ansible.module_utils)
 
-from ansible.module_utils import pdctl_hwcheck, pdctl_hwprofile, pdctl_nvsmi as nv
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import hwcheck, hwprofile, nvsmi as nv
 
-import pdctl_topology
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 from inventories import ROOT
 from pdctl import inventory
 
 
 def b300():
-    return copy.deepcopy(pdctl_hwprofile.B300_DEFAULT)
+    return copy.deepcopy(hwprofile.B300_DEFAULT)
 
 
 def test_emulated_b300_has_one_connectx8_per_gpu_and_switch_management_connectx7():
     topo = nv.parse_topo_matrix(emulate(["topo", "-m"])[1])
     legend = topo["nic_names"]
     assert len(legend) == 12
-    by_name = {n["name"]: n for n in pdctl_hwprofile.nic_entries(b300())}
+    by_name = {n["name"]: n for n in hwprofile.nic_entries(b300())}
     for g in range(8):
         pix = [legend[nic] for nic, cell in topo["matrix"]["GPU%d" % g].items()
                if nic.startswith("NIC") and cell in ("PIX", "PXB")]
@@ -33,23 +33,23 @@ def test_emulated_b300_has_one_connectx8_per_gpu_and_switch_management_connectx7
 
 def test_placement_never_picks_a_switch_management_port():
     prof = b300()
-    place = pdctl_hwprofile.placement(prof, [0, 1, 2, 3])
+    place = hwprofile.placement(prof, [0, 1, 2, 3])
     assert place == {"nics": ["mlx5_0", "mlx5_1", "mlx5_6", "mlx5_7"], "numa_nodes": [0],
                      "cpu_affinity": "0-55,112-167"}
     # A GPU without its own NIC takes the KV NICs of its socket, still never a management port.
     prof["nics"] = [n for n in prof["nics"] if n["name"] != "mlx5_8"]
-    assert pdctl_hwprofile.placement(prof, [4])["nics"] == ["mlx5_9", "mlx5_10", "mlx5_11"]
+    assert hwprofile.placement(prof, [4])["nics"] == ["mlx5_9", "mlx5_10", "mlx5_11"]
     prof["nics"] = [n for n in prof["nics"] if n["role"] == "switch_mgmt"]
-    with pytest.raises(pdctl_hwprofile.ProfileError, match="GPU 4 .*no KV NIC"):
-        pdctl_hwprofile.placement(prof, [4])
+    with pytest.raises(hwprofile.ProfileError, match="GPU 4 .*no KV NIC"):
+        hwprofile.placement(prof, [4])
 
 
 def test_plan_names_the_instance_whose_gpus_have_no_kv_nic():
     hosts = inventory.load(ROOT / "inventories/b300")
     only_mgmt = [n for n in b300()["nics"] if n["role"] == "switch_mgmt"]
     hosts["b300-prefill-1"]["vars"]["pdctl_hw_profile"] = {"nics": only_mgmt}
-    with pytest.raises(pdctl_topology.PlanError) as err:
-        pdctl_topology.build_plan(hosts)
+    with pytest.raises(topology.PlanError) as err:
+        topology.build_plan(hosts)
     assert any(p.startswith("b300-prefill-1 prefill-2: GPU 0") for p in err.value.problems), err.value.problems
 
 
@@ -58,15 +58,15 @@ def test_plan_follows_a_sites_own_nic_numbering():
     nics = [{"name": "mlx5_%d" % g, "device": "MT4131", "numa": g // 4, "gpu": g} for g in range(8)]
     for h in hosts.values():
         h["vars"]["pdctl_hw_profile"] = {"nics": nics}
-    plan = pdctl_topology.build_plan(hosts)
+    plan = topology.build_plan(hosts)
     p1 = next(i for i in plan["instances"] if i["name"] == "prefill-1")
     assert p1["ucx_net_devices"] == "mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1" and p1["numa_nodes"] == [1]
 
 
 def _state(host_profile, expected):
     _, topo = emulate(["topo", "-m"], host_profile)
-    _, q = emulate(["--query-gpu=" + ",".join(pdctl_hwcheck.QUERY_FIELDS), "--format=csv"], host_profile)
-    return pdctl_hwcheck.check_state("h", expected, nv.parse_query_csv(q), {}, {}, nv.parse_topo_matrix(topo))[1]
+    _, q = emulate(["--query-gpu=" + ",".join(hwcheck.QUERY_FIELDS), "--format=csv"], host_profile)
+    return hwcheck.check_state("h", expected, nv.parse_query_csv(q), {}, {}, nv.parse_topo_matrix(topo))[1]
 
 
 def test_nvlink_check_fails_a_host_whose_nics_are_not_where_the_plan_assumes():

@@ -25,7 +25,7 @@ def run_role_tasks(tmp_path, role, tasks_from, extravars, pre_tasks=(), env=None
         "gather_facts": False,
         "vars": {"ansible_python_interpreter": sys.executable},
         "tasks": list(pre_tasks) + [{"name": "tasks under test", "ansible.builtin.include_role":
-                                     {"name": role, "tasks_from": tasks_from}}],
+                                     {"name": "pdctl.vllm_pd." + role, "tasks_from": tasks_from}}],
     }]
     book = tmp_path / "play.yml"
     book.write_text(yaml.safe_dump(play))

@@ -73,13 +73,14 @@ def test_fabric_manager_standin_reports_the_profile_version(tmp_path):
     fm = next(s for s in standin_debs.standins() if s.name == "nvidia-fabricmanager")
     lib = tmp_path / "lib"
     lib.mkdir()
-    shutil.copy(standin_debs.FAKEGPU, lib / "nvidia_smi.py")
-    script = fm.files["/usr/bin/nv-fabricmanager"][0].replace(standin_debs.FAKEGPU_LIB, str(lib))
-    (tmp_path / "fm").write_text(script)
+    # The package's files, where the packages put them: the emulator module beside the script.
+    assert standin_debs.FAKEGPU_MODULE in next(s for s in standin_debs.standins() if s.name == "nvidia-smi").files
+    shutil.copy(standin_debs.FAKEGPU, lib / "pdctl_fakegpu.py")
+    (tmp_path / "fm").write_text(fm.files["/usr/bin/nv-fabricmanager"][0])
     profile = tmp_path / "profile.json"
     profile.write_text('{"fabric_manager_version": "580.95.05", "faults": {"fabric_manager_version": "580.82.07"}}')
     out = subprocess.run(["python3", str(tmp_path / "fm"), "--version"], capture_output=True, text=True, check=True,
-                         env={"PDCTL_HW_PROFILE": str(profile), "PATH": "/usr/bin:/bin"}).stdout
+                         env={"PDCTL_HW_PROFILE": str(profile), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(lib)}).stdout
     assert out.strip() == "Fabric Manager version is : 580.82.07"
 
 

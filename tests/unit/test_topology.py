@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-import pdctl_topology
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 from inventories import ROOT, inventory_variant
 from malformed import CASES
 from pdctl import cli, inventory
@@ -114,7 +114,7 @@ def test_explicit_placement_is_honoured():
         "hd": {"groups": ["serving", "decode", "router"],
                "vars": dict(common, pdctl_instances=[{"pool": "decode", "gpus": "2-5", "side_channel_port": 6010}])},
     }
-    plan = pdctl_topology.build_plan(hosts)
+    plan = topology.build_plan(hosts)
     d, p = sorted(plan["instances"], key=lambda i: i["pool"])
     assert p["name"] == "p" and p["cuda_visible_devices"] == "6,7" and p["side_channel_ports"] == [6000, 6001]
     assert d["gpus"] == [2, 3, 4, 5] and d["side_channel_ports"] == [6010, 6011]
@@ -126,15 +126,15 @@ def test_site_groups_are_accepted_when_declared():
     inv = ROOT / "inventories/lab"
     hosts = inventory.load(inv)
     hosts["lab-prefill-0"]["groups"].append("rack_a")
-    with pytest.raises(pdctl_topology.PlanError, match="lab-prefill-0 is in group rack_a"):
-        pdctl_topology.build_plan(hosts)
+    with pytest.raises(topology.PlanError, match="lab-prefill-0 is in group rack_a"):
+        topology.build_plan(hosts)
     hosts["lab-prefill-0"]["vars"]["pdctl_extra_groups"] = ["rack_a"]
-    assert len(pdctl_topology.build_plan(hosts)["instances"]) == 5
+    assert len(topology.build_plan(hosts)["instances"]) == 5
 
 
 def test_every_problem_is_reported_at_once():
     hosts = {"h": {"groups": ["prefill"], "vars": {"pdctl_instances": [{"pool": "nope"}]}}}
-    with pytest.raises(pdctl_topology.PlanError) as err:
-        pdctl_topology.build_plan(hosts)
+    with pytest.raises(topology.PlanError) as err:
+        topology.build_plan(hosts)
     text = str(err.value)
     assert "pdctl_ports.api_base is not set" in text and "router group" in text

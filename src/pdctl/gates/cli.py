@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -86,10 +87,10 @@ def _input_errors() -> tuple:
     """Errors that mean bad input or an unreachable deployment: reported in one line, exit status 2."""
     import openai
 
-    from pdctl import inventory, repo
+    from pdctl import inventory
 
     return (ValueError, OSError, openai.APIError, inventory.InventoryError,
-            repo.module_util("pdctl_topology").PlanError)
+            topology.PlanError)
 
 
 def _outdir(args):

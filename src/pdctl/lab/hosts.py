@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl import repo
+from pdctl import collection
 from pdctl.lab import image, stage, store
 
 NETWORK = "pdctl-lab"
@@ -34,13 +34,13 @@ class LabHost:
 
 
 def lab_dir() -> Path:
-    d = repo.root() / ".lab"
+    d = collection.root() / ".lab"
     d.mkdir(exist_ok=True)
     return d
 
 
 def inventory_path() -> Path:
-    return repo.root() / "inventories" / "lab"
+    return collection.root() / "inventories" / "lab"
 
 
 def lab_hosts(inventory_dir: Path | None = None) -> list[LabHost]:

@@ -16,7 +16,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from pdctl import inventory, repo, wheelhouse
+from pdctl import collection, inventory, wheelhouse
 from pdctl.lab import daemon, image
 
 HUB_PORT = 8781
@@ -50,7 +50,7 @@ def ensure_model(lab_dir: Path, bind: str) -> str:
     """Build the synthetic model once (cached by generator code), serve it as the Hub; return its revision."""
     from pdctl.lab import synthetic_model
 
-    src = repo.root() / "src" / "pdctl" / "lab"
+    src = collection.root() / "src" / "pdctl" / "lab"
     key = _digest(src / "synthetic_model.py", src / "tokenizer.py")
     model_dir = image.cache_dir() / ("model-%dmb-%s" % (MODEL_SIZE_MB, key))
     info_file = model_dir / ".pdctl-build.json"
@@ -85,7 +85,7 @@ def _serve_hub(model_dir: str, bind: str, port: str, token_file: str) -> None:
 
 def _build_engine_wheel(dest: Path) -> Path:
     """The stand-in as its own small distribution: the engine package and its runtime deps only."""
-    root = repo.root()
+    root = collection.root()
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     pins = {p.split("==")[0].lower(): p for p in project["dependencies"] + project["optional-dependencies"]["lab"]}
     # numpy is not the engine's: NIXL needs it on the lab hosts, where NIXL comes without deps.
@@ -106,8 +106,8 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
     requirements = [r for r in hv["pdctl_engine"]["packages"] if not r.startswith(ENGINE_DIST)]
     requirements.append("vllm-router==%s" % hv["pdctl_versions"]["vllm_router"])
     no_deps = list(hv["pdctl_engine"].get("packages_no_deps") or [])
-    engine_src = sorted((repo.root() / "src/pdctl/lab/engine").rglob("*.py")) + [
-        repo.root() / "src/pdctl/lab/tokenizer.py", repo.root() / "pyproject.toml", Path(wheelhouse.__file__)]
+    engine_src = sorted((collection.root() / "src/pdctl/lab/engine").rglob("*.py")) + [
+        collection.root() / "src/pdctl/lab/tokenizer.py", collection.root() / "pyproject.toml", Path(wheelhouse.__file__)]
     key = hashlib.sha256(("\0".join(requirements + no_deps) + _digest(*engine_src)).encode()).hexdigest()[:12]
     cache = image.cache_dir() / ("wheels-" + key)
     if not (cache / ".complete").exists():

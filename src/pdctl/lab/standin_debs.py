@@ -24,10 +24,11 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import repo
+from pdctl import collection
 
 FAKEGPU = Path(__file__).resolve().parent / "fakegpu" / "nvidia_smi.py"
-FAKEGPU_LIB = "/usr/lib/pdctl-fakegpu"
+# The emulator is also a module on the hosts' Python path, as a Debian package installs one.
+FAKEGPU_MODULE = "/usr/lib/python3/dist-packages/pdctl_fakegpu.py"
 MAINTAINER = "pdctl lab <pdctl-lab@localhost>"
 DEB_REVISION = "1"
 
@@ -46,7 +47,7 @@ class Standin:
 
 
 def manifest_path() -> Path:
-    return repo.root() / "inventories" / "b300" / "group_vars" / "all" / "versions.yml"
+    return collection.root() / "inventories" / "b300" / "group_vars" / "all" / "versions.yml"
 
 
 def manifest() -> dict:
@@ -97,8 +98,7 @@ hardware profile (faults.fabric_manager_version wins, to inject a skew), otherwi
 import signal
 import sys
 
-sys.path.insert(0, "%s")
-from nvidia_smi import load_profile  # noqa: E402
+from pdctl_fakegpu import load_profile
 
 
 def version():
@@ -109,11 +109,11 @@ def version():
 if "--version" in sys.argv or "-v" in sys.argv:
     print("Fabric Manager version is : " + version())
     sys.exit(0)
-print("nv-fabricmanager (pdctl lab stand-in) %%s started with %%s" %% (version(), " ".join(sys.argv[1:])), flush=True)
+print("nv-fabricmanager (pdctl lab stand-in) %s started with %s" % (version(), " ".join(sys.argv[1:])), flush=True)
 print("Successfully configured all the available NVSwitches to route GPU NVLink traffic.", flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 signal.pause()
-""" % FAKEGPU_LIB
+"""
 
 _FM_START = """#!/bin/sh
 # pdctl lab stand-in for nvidia-fabricmanager-start.sh: the real one detects NVLink 5 (an IB device
@@ -161,7 +161,7 @@ def standins(versions: dict | None = None) -> list[Standin]:
                 _readme("nvidia-kernel-open-dkms")),
         Standin("libcuda1", drv + rev, "NVIDIA CUDA driver library", _readme("libcuda1")),
         Standin("nvidia-smi", drv + rev, "NVIDIA System Management Interface (lab GPU emulator)",
-                {"/usr/bin/nvidia-smi": (smi, 0o755), FAKEGPU_LIB + "/nvidia_smi.py": (smi, 0o644)},
+                {"/usr/bin/nvidia-smi": (smi, 0o755), FAKEGPU_MODULE: (smi, 0o644)},
                 depends="python3"),
         Standin("nvidia-persistenced", drv + rev, "NVIDIA persistence daemon",
                 {"/usr/bin/nvidia-persistenced": (_PERSISTENCED, 0o755),

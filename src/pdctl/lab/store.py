@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import repo
+from pdctl import collection
 from pdctl.lab import daemon, image
 
 GATEWAY = "10.89.64.1"  # the lab network's gateway: this machine, as the test hosts see it
@@ -25,7 +25,7 @@ PORT = 8780
 
 def declared_debian_packages() -> list[str]:
     names = set()
-    for path in sorted(repo.root().glob("roles/*/vars/Debian*.yml")):
+    for path in sorted(collection.root().glob("roles/*/vars/Debian*.yml")):
         data = yaml.safe_load(path.read_text()) or {}
         for key, value in data.items():
             if key.endswith("_packages") and isinstance(value, list):

@@ -21,7 +21,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit, parse_qs
 
-from pdctl import repo
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm
 
 REPO_ID = "nvidia/GLM-5.2-NVFP4"  # the production source's repo id (inventories/*/model_source.yml)
 # The real checkpoint is ~459 GB; the default synthetic one is the same layout at 1/300 of the size.
@@ -87,7 +87,6 @@ def _write_shard(path, tensors, rng, sha):
 
 def build(out_dir, size_mb=1536, shards=None, seed=0):
     """Write the synthetic checkpoint; return {revision, manifest_digest, size, files, tokenizer}."""
-    pdm = repo.module_util("pdctl_model")
     os.makedirs(out_dir, exist_ok=True)
     shards = shards or max(2, size_mb // 256)
     per_shard = max(4096, (size_mb * 1024 * 1024 // shards) // 4096 * 4096)
@@ -140,7 +139,6 @@ def build(out_dir, size_mb=1536, shards=None, seed=0):
 
 
 def _git_blob_id(path):
-    pdm = repo.module_util("pdctl_model")
     return pdm.git_blob_sha1(path)
 
 

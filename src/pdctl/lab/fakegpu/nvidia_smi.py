@@ -21,7 +21,7 @@ PROFILE_PATHS = ("/etc/pdctl/hw-profile.json", "/etc/pdctl/hw-profile.yml")
 # state leave the GPUs. Absent (no daemon installed yet, or a test machine): the profile decides.
 PERSISTENCE_STATE = "/run/nvidia-persistenced/pdctl-lab-persistence-mode"
 
-# Same content as module_utils/pdctl_hwprofile.py B300_DEFAULT and profiles/b300.json (tested).
+# Same content as module_utils/hwprofile.py B300_DEFAULT and profiles/b300.json (tested).
 DEFAULT_PROFILE = {
     "schema": 1,
     "name": "hgx-b300",

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import json
 
-try:
-    from ansible.module_utils.pdctl_hwprofile import ProfileError, placement, resolve as resolve_profile
-except ImportError:  # the filter plugin and the CLI import module_utils/ directly
-    from pdctl_hwprofile import ProfileError, placement, resolve as resolve_profile
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import (ProfileError, placement,
+                                                                            resolve as resolve_profile)
 
 KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")

@@ -4,9 +4,9 @@ transports UCX actually chose. The vLLM NixlConnector moves KV blocks the same w
 One file, runnable on its own, because kv_path_check runs it under the serving venv's interpreter
 (where nixl and torch live) rather than Ansible's:
 
-    python pdctl_kvpath.py loopback  [--mem DRAM|VRAM|auto] [--size-mb 256]
-    python pdctl_kvpath.py listener  --bind 0.0.0.0 --port 5655 [--mem ...]   # target side
-    python pdctl_kvpath.py initiator --peer decode-0 --port 5655 [--op READ|WRITE]
+    python kvpath.py loopback  [--mem DRAM|VRAM|auto] [--size-mb 256]
+    python kvpath.py listener  --bind 0.0.0.0 --port 5655 [--mem ...]   # target side
+    python kvpath.py initiator --peer decode-0 --port 5655 [--op READ|WRITE]
 
 Importing it needs the standard library only (parsing and judging); nixl/numpy/torch are imported
 by the transfer functions. UCX_PROTO_INFO=y makes UCX print its protocol selection tables (which

@@ -1,4 +1,4 @@
-"""Helpers for the engine stand-in tests (loopback only, no podman): start stand-ins with the
+"""Stand-ins on loopback (no podman), for the engine tests and benchmarks: start stand-ins with the
 recipe's argv, the real vllm-router, and the real `vllm-rs bench serve` client."""
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
 
 PREFILL_ARGS = [
     "--trust-remote-code",
@@ -92,7 +91,7 @@ class Proc:
         self.log_path = log_path
         self.url = url
         self.log = open(log_path, "wb")
-        self.p = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.p = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, path="/health", timeout=30.0) -> None:
         deadline = time.time() + timeout

@@ -4,7 +4,7 @@
 """Model weights: manifest, parallel verification, resumable fill and atomic layout.
 
 Pure standard library: used by library/model_*.py on the hosts and by the pdctl CLI
-(`pdctl.repo.module_util("pdctl_model")`) on the controller.
+(`pdctl.model`) on the controller.
 
 On-disk layout for a served path such as /mnt/model/glm/GLM-5.2-NVFP4:
 

@@ -1,17 +1,13 @@
 """Judge a host's GPUs/NVLinks against an expected hardware profile (nvlink_check's logic).
 
-Input is what pdctl_nvsmi parsed; output is a report (what was found, whatever the machine) and a
+Input is what nvsmi parsed; output is a report (what was found, whatever the machine) and a
 list of failure messages that each name the host, the GPU/link/peer, and expected vs found.
 Standard library only.
 """
 from __future__ import annotations
 
-try:
-    from ansible.module_utils.pdctl_nvsmi import link_kinds
-    from ansible.module_utils.pdctl_hwprofile import nic_entries
-except ImportError:  # imported by the pdctl CLI from module_utils/ directly
-    from pdctl_nvsmi import link_kinds
-    from pdctl_hwprofile import nic_entries
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import nic_entries
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.nvsmi import link_kinds
 
 # NVLink error counters above these fail the check (per link, since the last counter reset).
 DEFAULT_THRESHOLDS = {"replay_errors": 100, "recovery_errors": 0, "crc_errors": 100,
@@ -152,7 +148,7 @@ def _check_placement(host, profile, topo):
 
 
 def check_bandwidth(host, profile, result, floor_gbps):
-    """Judge the P2P copy measurement (pdctl_hwbench output). Returns (report, failures)."""
+    """Judge the P2P copy measurement (hwbench output). Returns (report, failures)."""
     failures = []
     expected = profile["gpu"]["count"]
     if result.get("device_count") != expected:

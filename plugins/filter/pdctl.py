@@ -1,0 +1,62 @@
+"""Jinja filters over the shared planner and serving code (plugins/module_utils).
+
+Called by their fully qualified names, e.g. `hostvars | pdctl.vllm_pd.plan(groups)`.
+"""
+from __future__ import annotations
+
+import os
+
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import hwprofile, serving, topology
+
+
+def plan(hostvars, groups):
+    """{'plan': {...}, 'errors': []} for the whole inventory; errors list every problem found."""
+    hosts = {}
+    for name in groups.get("all", []):
+        hv = hostvars[name]
+        hosts[name] = {
+            "groups": [g for g in hv.get("group_names", [])],
+            "vars": {k: hv[k] for k in topology.PLAN_VARS if k in hv},
+        }
+    try:
+        return {"plan": topology.build_plan(hosts), "errors": []}
+    except topology.PlanError as exc:
+        return {"plan": None, "errors": exc.problems}
+
+
+def kv_nics(profile_overrides):
+    """Names of the KV NICs (never NVSwitch management ports) of the expected hardware profile."""
+    return hwprofile.kv_nics(hwprofile.resolve(profile_overrides or {}))
+
+
+def mount_of(mounts, path):
+    """The mount (from ansible_facts.mounts) that holds `path`: the longest mount point prefix."""
+    best = None
+    path = os.path.normpath(str(path))
+    for m in mounts or []:
+        point = m.get("mount", "")
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) > len(best["mount"]):
+                best = m
+    return best
+
+
+def repeat_flag(values, flag):
+    """[a, b] -> [flag, a, flag, b] (for flags that take one value per occurrence)."""
+    return [word for value in values for word in (flag, str(value))]
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "plan": plan,
+            "mount_of": mount_of,
+            "kv_nics": kv_nics,
+            "in_venv": serving.in_venv,
+            "serve_argv": serving.serve_argv,
+            "check_argv": serving.check_argv,
+            "serve_environment": serving.serve_environment,
+            "systemd_quote": serving.systemd_quote,
+            "env_file": serving.env_file,
+            "repeat_flag": repeat_flag,
+        }
