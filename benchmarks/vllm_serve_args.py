@@ -27,7 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from pdctl import collection
+
+ROOT = collection.root()
 CHECKER = ROOT / "roles" / "vllm" / "files" / "vllm-check-serve-args"
 
 

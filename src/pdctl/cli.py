@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
 
-    from pdctl import render, report
+    from pdctl import render, report, run
     from pdctl.gates import cli as gate_cli
     from pdctl.lab import cli as lab_cli
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate_cli.add_parser(sub)
     render.add_parser(sub)
     report.add_parser(sub)
+    run.add_parser(sub)
     return parser
 
 

@@ -9,6 +9,9 @@ from pathlib import Path
 from pdctl import collection
 
 
+GATE_ACTIONS = {"pdctl.vllm_pd.sla_gate": "sla", "pdctl.vllm_pd.accuracy_gate": "accuracy"}
+
+
 @dataclass
 class PlaybookResult:
     rc: int
@@ -16,6 +19,10 @@ class PlaybookResult:
     stats: dict
     artifact_dir: Path
     failures: list = field(default_factory=list)
+    # [{"play", "host", "ok", "changed", "failed", "unreachable", "skipped", "failure": {task, msg} | None}]
+    outcomes: list = field(default_factory=list)
+    # {"sla" | "accuracy": the gate module's result (passed, failures, runs/benchmarks, files)}
+    gates: dict = field(default_factory=dict)
 
     def total(self, key: str) -> int:
         return sum((self.stats.get(key) or {}).values())
@@ -33,10 +40,58 @@ class PlaybookResult:
         return "\n".join(lines)
 
 
+class _Recorder:
+    """ansible-runner event handler: failures, per play and host outcomes, gate results, progress."""
+
+    def __init__(self, progress=None):
+        self.failures = []
+        self.outcomes = {}  # (play, host) -> counts
+        self.gates = {}
+        self.play = None
+        self.progress = progress
+
+    def _outcome(self, host):
+        key = (self.play, host)
+        if key not in self.outcomes:
+            self.outcomes[key] = {"play": self.play, "host": host, "ok": 0, "changed": 0, "failed": 0,
+                                  "unreachable": 0, "skipped": 0, "failure": None}
+        return self.outcomes[key]
+
+    def __call__(self, event):
+        kind = event.get("event")
+        data = event.get("event_data") or {}
+        if kind == "playbook_on_play_start":
+            self.play = data.get("play") or data.get("name")
+        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped"):
+            res = data.get("res") or {}
+            out = self._outcome(data.get("host"))
+            if kind == "runner_on_failed" and data.get("ignore_errors"):
+                kind = "runner_on_ok"
+            if kind == "runner_on_ok":
+                out["ok"] += 1
+                out["changed"] += 1 if res.get("changed") else 0
+            elif kind == "runner_on_skipped":
+                out["skipped"] += 1
+            else:
+                out["unreachable" if kind == "runner_on_unreachable" else "failed"] += 1
+                failure = {"host": data.get("host"), "play": self.play, "task": data.get("task"),
+                           "msg": res.get("msg"), "unreachable": kind == "runner_on_unreachable"}
+                out["failure"] = out["failure"] or failure
+                self.failures.append(failure)
+            gate = GATE_ACTIONS.get(data.get("resolved_action") or data.get("task_action"))
+            if gate and kind in ("runner_on_ok", "runner_on_failed"):
+                self.gates[gate] = {k: v for k, v in res.items() if not k.startswith("_") and k != "invocation"}
+        if self.progress:
+            self.progress(kind, data)
+        return True  # keep every event in the artifacts
+
+
 def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = False, diff: bool = False,
                  extravars: dict | None = None, tags: str | None = None, limit: str | None = None,
-                 quiet: bool = True,
+                 quiet: bool = True, extra_args: list[str] | None = None, progress=None,
                  envvars: dict | None = None, private_data_dir: str | None = None) -> PlaybookResult:
+    """Run a playbook of the collection (a path relative to it) or any playbook (an absolute path)."""
+    import shlex
     import sys
 
     import ansible_runner
@@ -47,35 +102,31 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     root = collection.root()
     pdd = private_data_dir or tempfile.mkdtemp(prefix="pdctl-runner-")
-    failures = []
-
-    def on_event(event):
-        data = event.get("event_data") or {}
-        if event.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
-            res = data.get("res") or {}
-            failures.append({"host": data.get("host"), "task": data.get("task"), "msg": res.get("msg")})
-        return True  # keep every event in the artifacts
+    recorder = _Recorder(progress)
 
     cmdline = []
     if check:
         cmdline.append("--check")
     if diff:
         cmdline.append("--diff")
+    cmdline += list(extra_args or [])
     env = {"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0"}
     env.update(envvars or {})
+    book = Path(playbook) if Path(playbook).is_absolute() else root / playbook
     r = ansible_runner.run(
         private_data_dir=pdd,
-        project_dir=str(root),
-        playbook=str(root / playbook),
+        project_dir=str(book.parent if Path(playbook).is_absolute() else root),
+        playbook=str(book),
         inventory=str(Path(inventory).resolve()),
         extravars=extravars or {},
         tags=tags,
         limit=limit,
-        cmdline=" ".join(cmdline) or None,
+        cmdline=" ".join(shlex.quote(c) for c in cmdline) or None,
         envvars=env,
         quiet=quiet,
         suppress_env_files=True,
-        event_handler=on_event,
+        event_handler=recorder,
     )
     return PlaybookResult(rc=r.rc, status=r.status, stats=r.stats or {}, artifact_dir=Path(r.config.artifact_dir),
-                          failures=failures)
+                          failures=recorder.failures, outcomes=list(recorder.outcomes.values()),
+                          gates=recorder.gates)

@@ -1,7 +1,11 @@
 """Session fixtures for tests on the three lab hosts."""
+import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -30,9 +34,89 @@ def converged_lab(lab):
 
 
 @pytest.fixture(scope="session")
-def second_run(converged_lab, lab):
-    """site.yml again, with --diff: must change nothing (and its artifacts are searched for secrets)."""
-    return runner.run_playbook("site.yml", lab, diff=True, envvars=LAB_ENV)
+def installed_collection(tmp_path_factory):
+    """The collection as a user gets it: `ansible-galaxy collection build`, then `install` into an empty
+    path. Its dependencies come from the ansible package's own copies (Galaxy is not reachable here)."""
+    base = tmp_path_factory.mktemp("collection")
+    galaxy = str(Path(sys.executable).parent / "ansible-galaxy")
+    subprocess.run([galaxy, "collection", "build", str(ROOT), "--output-path", str(base / "build")],
+                   check=True, capture_output=True, text=True)
+    tarball = next((base / "build").glob("pdctl-vllm_pd-*.tar.gz"))
+    path = base / "collections"
+    subprocess.run([galaxy, "collection", "install", "--no-deps", "-p", str(path), str(tarball)],
+                   check=True, capture_output=True, text=True)
+    bundled = Path(sysconfig.get_paths()["purelib"]) / "ansible_collections"
+    for dep in ("ansible/posix", "community/general"):
+        (path / "ansible_collections" / dep).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(bundled / dep, path / "ansible_collections" / dep, symlinks=True)
+    installed = path / "ansible_collections" / "pdctl" / "vllm_pd"
+    assert (installed / "plugins" / "modules" / "nvlink_check.py").is_file() and not installed.is_symlink()
+    return path
+
+
+EXTERNAL_PLAYBOOK = """\
+---
+# A playbook of a user of the installed collection: its playbook, roles and modules by FQCN.
+- name: The deployment, from the installed collection
+  ansible.builtin.import_playbook: pdctl.vllm_pd.site
+
+- name: The collection's roles and modules in a play of our own
+  hosts: serving
+  gather_facts: false
+  roles:
+    - role: pdctl.vllm_pd.preflight
+  tasks:
+    - name: GPU facts through the installed collection's module
+      pdctl.vllm_pd.gpu_facts:
+        host_label: "{{ inventory_hostname }}"
+    - name: Every GPU is seen
+      ansible.builtin.assert:
+        that: ansible_facts.pdctl_gpus_found | int == pdctl_gpu_count | int
+"""
+
+
+class RunOutcome:
+    """What `pdctl run` wrote (its JSON summary and JUnit file), read like a PlaybookResult."""
+
+    def __init__(self, rc, json_path, junit_path, stderr):
+        self.rc, self.json_path, self.junit_path, self.stderr = rc, json_path, junit_path, stderr
+        self.doc = json.loads(json_path.read_text())
+        self.failures = self.doc["failed_tasks"]
+        self.artifact_dir = Path(self.doc["artifact_dir"]) if self.doc.get("artifact_dir") else None
+
+    @property
+    def ok(self):
+        return self.rc == 0
+
+    def total(self, key):
+        field = {"failures": "failed", "dark": "unreachable"}.get(key, key)
+        return sum(h[field] for h in self.doc["hosts"].values())
+
+    def recap(self):
+        return "\n".join("%-16s %s" % (h, " ".join("%s=%d" % kv for kv in c.items()))
+                         for h, c in sorted(self.doc["hosts"].items())) + "\n" + self.stderr[-3000:]
+
+
+def pdctl_run(tmp_path, playbook, inventory, *extra, env=None):
+    """`pdctl run` as CI calls it; returns a RunOutcome."""
+    json_path, junit_path = tmp_path / "summary.json", tmp_path / "junit.xml"
+    res = subprocess.run([sys.executable, "-m", "pdctl.cli", "run", str(playbook), "-i", str(inventory),
+                          "--json", str(json_path), "--junit", str(junit_path),
+                          "--artifacts", str(tmp_path / "runner"), *extra],
+                         cwd=ROOT, env=dict(os.environ, **LAB_ENV, **(env or {})), capture_output=True, text=True)
+    return RunOutcome(res.returncode, json_path, junit_path, res.stderr)
+
+
+@pytest.fixture(scope="session")
+def second_run(converged_lab, lab, installed_collection, tmp_path_factory):
+    """site.yml again, with --diff, from the installed collection through `pdctl run` and a playbook
+    outside the repository: must change nothing (and its artifacts are searched for secrets)."""
+    work = tmp_path_factory.mktemp("second-run")
+    playbook = work / "deploy.yml"
+    playbook.write_text(EXTERNAL_PLAYBOOK)
+    # Only the installed copy is visible: not this checkout's link in the virtualenv.
+    env = {"ANSIBLE_COLLECTIONS_PATH": str(installed_collection), "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false"}
+    return pdctl_run(work, playbook, lab, "--diff", "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"), env=env)
 
 
 @pytest.fixture(scope="session")

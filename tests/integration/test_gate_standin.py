@@ -15,13 +15,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from pdctl import collection
 import yaml
 
 import requires
 from pdctl.gates import accuracy, answer_key, cli, sla
 from pdctl.lab import tokenizer, tools
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = collection.root()
 DATA = ROOT / "tests" / "fixtures" / "gates" / "datasets"
 
 pytestmark = pytest.mark.slow

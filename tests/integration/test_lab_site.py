@@ -1,13 +1,19 @@
-"""site.yml on the lab hosts: converge, idempotence, truthful check mode, and preflight rejections."""
-import pytest
+"""site.yml on the lab hosts: converge, idempotence, truthful check mode, preflight rejections, and
+`pdctl run` (JSON, JUnit, exit codes) from the installed collection."""
+import xml.etree.ElementTree as ET
 
-from inventories import inventory_variant
+import pytest
+import yaml
+
+from inventories import ROOT, inventory_variant
 from malformed import CASES
 from pdctl import runner
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-from conftest import LAB_ENV  # noqa: E402
+from conftest import LAB_ENV, pdctl_run  # noqa: E402
+
+HOSTS = {"lab-prefill-0", "lab-prefill-1", "lab-decode-0"}
 
 
 def test_converge_touches_every_host(converged_lab):
@@ -18,6 +24,33 @@ def test_converge_touches_every_host(converged_lab):
 def test_second_run_changes_nothing(second_run):
     assert second_run.ok, second_run.failures
     assert second_run.total("changed") == 0, "not idempotent:\n" + second_run.recap()
+
+
+def test_pdctl_run_writes_a_junit_case_per_play_and_host(second_run):
+    """The second run went through `pdctl run` with a playbook outside the repository that uses the
+    installed collection (its site playbook, a role and a module by FQCN)."""
+    assert second_run.rc == 0 and second_run.doc["outcome"] == "accepted", second_run.recap()
+    assert set(second_run.doc["hosts"]) == HOSTS
+    cases = [(c.get("classname"), c.get("name")) for c in ET.parse(second_run.junit_path).getroot().iter("testcase")]
+    assert len(cases) == len(set(cases)), "one case per play and host"
+    plays = {play for play, _ in cases}
+    assert "The collection's roles and modules in a play of our own" in plays
+    assert {host for play, host in cases if play.startswith("Preflight")} == HOSTS
+    assert not [c for c in ET.parse(second_run.junit_path).getroot().iter("failure")]
+    assert second_run.artifact_dir.is_dir() and list(second_run.artifact_dir.glob("job_events/*.json"))
+
+
+def test_pdctl_run_names_a_failing_gate_with_exit_3(converged_lab, lab, tmp_path):
+    """A TPOT limit no deployment meets: the SLA gate fails, exit 3, named in the JSON and the JUnit."""
+    sla = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/gates.yml").read_text())["pdctl_gate_sla"]
+    inv = inventory_variant(tmp_path / "inv", {"group_vars/all": {"pdctl_gate_sla": dict(sla, max_tpot_ms=0.5)}})
+    run = pdctl_run(tmp_path, "site.yml", inv, "--tags", "gates")
+    assert run.rc == 3, run.recap()
+    assert run.doc["outcome"] == "gate failed" and run.doc["failed_gates"] == ["sla"]
+    assert any("mean TPOT" in f for f in run.doc["gates"]["sla"]["failures"]), run.doc["gates"]
+    assert run.doc["gates"]["accuracy"]["passed"] is True
+    messages = [f.get("message") for f in ET.parse(run.junit_path).getroot().iter("failure")]
+    assert len(messages) == 1 and messages[0].startswith("gate failed (sla)"), messages
 
 
 def test_check_diff_on_converged_lab_reports_nothing(check_run):

@@ -101,14 +101,16 @@ def test_unknown_flag_is_rejected_before_anything_switches(converged_lab, tmp_pa
 def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, second_run, tmp_path):
     key = api_key()
     hub_token = (ROOT / ".lab/secrets/hf-token").read_text().strip()
-    # The runner's artifacts of a full converge and of a second run with --diff.
+    # The runner's artifacts of a full converge and of a second run with --diff (through `pdctl run`:
+    # its JSON summary and JUnit file too), and the gate reports.
     assert second_run.ok
-    for artifacts in (converged_lab.artifact_dir, second_run.artifact_dir):
-        for path in artifacts.rglob("*"):
-            if path.is_file():
-                text = path.read_text(errors="replace")
-                assert key not in text, "API key in runner artifact %s" % path
-                assert hub_token not in text, "Hub token in runner artifact %s" % path
+    reports = [second_run.json_path, second_run.junit_path]
+    for artifacts in (converged_lab.artifact_dir, second_run.artifact_dir, ROOT / "artifacts" / "gates"):
+        reports += list(artifacts.rglob("*"))
+    for path in (p for p in reports if p.is_file() and p.suffix != ".png"):
+        text = path.read_text(errors="replace")
+        assert key not in text, "API key in runner artifact %s" % path
+        assert hub_token not in text, "Hub token in runner artifact %s" % path
     # Everything pdctl render writes.
     assert cli.main(["render", "-i", str(ROOT / "inventories/lab"), "--out", str(tmp_path / "r")]) == 0
     for path in (tmp_path / "r").rglob("*"):

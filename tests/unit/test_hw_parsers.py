@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_hw_support import FAKE_COMMANDS, FIXTURES, emulate, fake, profile
@@ -106,7 +107,7 @@ def test_emulator_reads_profile_file(tmp_path, monkeypatch):
 
 
 def test_one_default_profile_everywhere():
-    packaged = json.loads((FIXTURES.parents[2] / "src/pdctl/lab/fakegpu/profiles/b300.json").read_text())
+    packaged = json.loads((Path(fake.__file__).parent / "profiles" / "b300.json").read_text())
     assert packaged == fake.DEFAULT_PROFILE == hwprofile.B300_DEFAULT
 
 

@@ -132,3 +132,32 @@ def test_lab_persistenced_standin_behaves_like_ubuntus_package(tmp_path):
     finally:
         del os.environ["PDCTL_FAKEGPU_PERSISTENCE_STATE"]
     assert rc == 0 and re.search(r"^\s+Persistence Mode\s+: Disabled$", out, re.M), out
+
+
+# ---------------------------------------------------------------- rdma: every port state in one read
+
+def _sysfs(tmp_path, states):
+    root = tmp_path / "infiniband"
+    for dev, state in states.items():
+        port = root / dev / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "state").write_text(state + "\n")
+    return root
+
+
+def test_rdma_verify_passes_when_every_named_port_is_active(tmp_path):
+    root = _sysfs(tmp_path, {"mlx5_0": "4: ACTIVE", "mlx5_1": "4: ACTIVE", "mlx5_2": "1: DOWN"})
+    ok, out = run_role_tasks(tmp_path, "rdma", "0040-verify.yml",
+                             {"rdma_devices": ["mlx5_0", "mlx5_1"], "rdma_infiniband_sysfs": str(root), "rdma_port": 1})
+    assert ok, out  # mlx5_2 is down but not named
+
+
+def test_rdma_verify_names_a_down_port_and_a_missing_device(tmp_path):
+    root = _sysfs(tmp_path, {"mlx5_0": "4: ACTIVE", "mlx5_6": "1: DOWN"})
+    ok, out = run_role_tasks(tmp_path, "rdma", "0040-verify.yml",
+                             {"rdma_devices": ["mlx5_0", "mlx5_6", "mlx5_7"], "rdma_infiniband_sysfs": str(root),
+                              "rdma_port": 1})
+    assert not ok
+    assert "device mlx5_6 port 1: state 1: DOWN, expected ACTIVE" in out, out
+    assert "device mlx5_7 port 1: not present, expected ACTIVE" in out, out
+    assert "device mlx5_0" not in out.split("RDMA devices not ready")[-1]

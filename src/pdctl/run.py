@@ -1,0 +1,187 @@
+"""`pdctl run PLAYBOOK -i INVENTORY`: any of the collection's playbooks through ansible-runner, for CI.
+
+Writes what a CI system reads: a JSON summary (per host ok/changed/failed, the failed tasks and their
+messages, the gate verdicts and figures, the artifact directory) and a JUnit XML file (one test case
+per play and host; a failure carries the task and its message). ansible-runner's event artifacts are
+kept under --artifacts. Exit codes tell the outcome apart:
+
+  0  accepted                       3  a gate failed (the failing gate is named in both files)
+  2  the inventory was rejected     4  a host was unreachable
+  1  anything else
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
+
+from pdctl import collection, inventory, runner
+
+EXIT_OK, EXIT_OTHER, EXIT_INVALID, EXIT_GATE, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+# The preflight task that validates the serving plan: failing there means the inventory was rejected.
+PLAN_TASK = "Inventory describes a valid P/D deployment"
+GATE_VERDICT_TASK = "Both gates passed"
+
+
+def add_parser(sub):
+    p = sub.add_parser("run", help="run a playbook through ansible-runner and write JSON/JUnit results (CI)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("playbook", help="a playbook of the collection (site.yml, playbooks/gates.yml, ...) or a path")
+    p.add_argument("-i", "--inventory", required=True)
+    p.add_argument("--check", action="store_true", help="check mode (with --diff)")
+    p.add_argument("--diff", action="store_true", help="show what changes, as ansible-playbook --diff")
+    p.add_argument("--limit", help="limit to these hosts (Ansible pattern)")
+    p.add_argument("--tags", help="only these tags")
+    p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                   help="extra variables, as for ansible-playbook (key=value, JSON or @file); repeatable")
+    p.add_argument("--json", type=Path, help="write the JSON summary here")
+    p.add_argument("--junit", type=Path, help="write the JUnit XML here")
+    p.add_argument("--artifacts", type=Path, help="ansible-runner's directory (default artifacts/runs/<time>)")
+    p.set_defaults(func=_cmd_run)
+
+
+def _progress_printer(stream):
+    """One line per play and a task line updated in place, on a terminal only."""
+    if not stream.isatty():
+        return None
+    state = {"task": None, "done": 0}
+
+    def show(kind, data):
+        if kind == "playbook_on_play_start":
+            stream.write("\n== %s\n" % (data.get("play") or data.get("name")))
+        elif kind == "playbook_on_task_start":
+            state.update(task=data.get("task"), done=0)
+            stream.write("\r\033[K  %s" % state["task"])
+        elif kind.startswith("runner_on_") and state["task"]:
+            state["done"] += 1
+            stream.write("\r\033[K  %s (%d host%s done)" % (state["task"], state["done"],
+                                                             "" if state["done"] == 1 else "s"))
+        stream.flush()
+    return show
+
+
+def exit_code(result: runner.PlaybookResult) -> int:
+    if result.ok:
+        return EXIT_OK
+    if any(f["task"] == PLAN_TASK for f in result.failures):
+        return EXIT_INVALID
+    if any(f.get("unreachable") for f in result.failures):
+        return EXIT_UNREACHABLE
+    if failed_gates(result):
+        return EXIT_GATE
+    return EXIT_OTHER
+
+
+def failed_gates(result: runner.PlaybookResult) -> list[str]:
+    return sorted(name for name, res in result.gates.items() if not res.get("passed"))
+
+
+def summary(result: runner.PlaybookResult, playbook: str, inventory_path: str, code: int, wall_s: float) -> dict:
+    hosts = {}
+    for out in result.outcomes:
+        h = hosts.setdefault(out["host"], {"ok": 0, "changed": 0, "failed": 0, "unreachable": 0, "skipped": 0})
+        for key in h:
+            h[key] += out[key]
+    gates = {}
+    for name, res in result.gates.items():
+        gates[name] = {"passed": bool(res.get("passed")), "failures": res.get("failures") or [],
+                       "files": res.get("files") or {}}
+        for key in ("runs", "benchmarks", "capacity", "reused", "age_s"):
+            if key in res:
+                gates[name][key] = res[key]
+    return {"playbook": playbook, "inventory": str(inventory_path), "exit_code": code,
+            "outcome": {0: "accepted", 1: "failed", 2: "inventory rejected", 3: "gate failed",
+                        4: "unreachable"}[code],
+            "wall_s": round(wall_s, 1), "hosts": hosts,
+            "failed_tasks": [{k: f.get(k) for k in ("host", "play", "task", "msg")} for f in result.failures],
+            "gates": gates, "failed_gates": failed_gates(result), "artifact_dir": str(result.artifact_dir)}
+
+
+def junit(result: runner.PlaybookResult, playbook: str) -> ET.ElementTree:
+    """One test case per play and host (as Ansible's own junit callback names them: play, then host)."""
+    suites = ET.Element("testsuites", name="pdctl run %s" % playbook)
+    by_play = {}
+    for out in result.outcomes:
+        by_play.setdefault(out["play"], []).append(out)
+    gate_failures = {name: res for name, res in result.gates.items() if not res.get("passed")}
+    for play, outs in by_play.items():
+        failed = sum(1 for o in outs if o["failure"])
+        suite = ET.SubElement(suites, "testsuite", name=str(play), tests=str(len(outs)), failures=str(failed))
+        for out in outs:
+            case = ET.SubElement(suite, "testcase", classname=str(play), name=str(out["host"]))
+            case.set("time", "0")
+            if out["failure"]:
+                f = out["failure"]
+                message = "%s: %s" % (f["task"], f["msg"])
+                if f["task"] == GATE_VERDICT_TASK or f["task"] in _gate_task_names(gate_failures):
+                    message = "gate failed (%s): %s" % (", ".join(sorted(gate_failures)) or "?", message)
+                kind = "unreachable" if f.get("unreachable") else "failed"
+                node = ET.SubElement(case, "failure", message=message[:1000], type=kind)
+                node.text = message
+            ET.SubElement(case, "system-out").text = "ok=%d changed=%d skipped=%d" % (
+                out["ok"], out["changed"], out["skipped"])
+    return ET.ElementTree(suites)
+
+
+def _gate_task_names(gate_failures):
+    return {"SLA gate (mean TTFT and TPOT per context length)", "Accuracy gate (AIME, GPQA, LongBench v2 subsets)"} \
+        if gate_failures else set()
+
+
+def _cmd_run(args) -> int:
+    # Reject a malformed inventory before anything starts (preflight would stop it too, later).
+    try:
+        inventory.plan(args.inventory)
+    except (inventory.InventoryError, topology.PlanError) as exc:
+        problems = getattr(exc, "problems", [str(exc)])
+        print("pdctl run: %s is invalid:" % args.inventory, file=sys.stderr)
+        for problem in problems:
+            print("  - %s" % problem, file=sys.stderr)
+        doc = {"playbook": args.playbook, "inventory": str(args.inventory), "exit_code": EXIT_INVALID,
+               "outcome": "inventory rejected", "problems": problems, "hosts": {}, "failed_tasks": [],
+               "gates": {}, "failed_gates": [], "artifact_dir": None}
+        _write(args, doc, _rejected_junit(args.playbook, problems))
+        return EXIT_INVALID
+    extra = []
+    for value in args.extra_vars:
+        extra += ["-e", value]
+    if args.check or args.diff:
+        extra.append("--diff")
+    pdd = args.artifacts or collection.root() / "artifacts" / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    pdd.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    result = runner.run_playbook(args.playbook, args.inventory, check=args.check, limit=args.limit, tags=args.tags,
+                                 extra_args=extra, quiet=True, private_data_dir=str(pdd.resolve()),
+                                 progress=_progress_printer(sys.stderr))
+    code = exit_code(result)
+    doc = summary(result, args.playbook, args.inventory, code, time.monotonic() - t0)
+    _write(args, doc, junit(result, args.playbook))
+    print("\npdctl run %s: %s (exit %d) in %.0fs; artifacts %s" % (args.playbook, doc["outcome"], code,
+                                                                  doc["wall_s"], result.artifact_dir), file=sys.stderr)
+    for f in doc["failed_tasks"]:
+        print("  %s | %s | %s: %s" % (f["host"], f["play"], f["task"], f["msg"]), file=sys.stderr)
+    return code
+
+
+def _rejected_junit(playbook, problems):
+    suites = ET.Element("testsuites", name="pdctl run %s" % playbook)
+    suite = ET.SubElement(suites, "testsuite", name="inventory", tests="1", failures="1")
+    case = ET.SubElement(suite, "testcase", classname="inventory", name="plan")
+    node = ET.SubElement(case, "failure", message="inventory rejected: %s" % "; ".join(problems)[:1000],
+                         type="invalid")
+    node.text = "\n".join(problems)
+    return ET.ElementTree(suites)
+
+
+def _write(args, doc, tree):
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    if args.junit:
+        args.junit.parent.mkdir(parents=True, exist_ok=True)
+        tree.write(args.junit, encoding="unicode", xml_declaration=True)

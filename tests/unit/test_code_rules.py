@@ -1,0 +1,39 @@
+"""One way to reach shared code: every module, filter, script and test imports the collection
+(`ansible_collections.pdctl.vllm_pd...`) or the pdctl package. Nobody edits the import path, and
+nobody walks up the tree to find the repository (pdctl.collection.root() is the one place)."""
+import re
+
+import pytest
+
+from pdctl import collection
+
+ROOT = collection.root()
+SOURCES = sorted(p for top in ("plugins", "src", "tests", "benchmarks") for p in (ROOT / top).rglob("*.py")
+                 if "fixtures" not in p.relative_to(ROOT).parts)
+RULES = [
+    (re.compile(r"\bsys\.path\s*(\.(insert|append|extend)\b|\+=|\[)"), "edits sys.path"),
+    (re.compile(r"__path__\.(append|insert|extend)\b"), "edits a package's __path__"),
+    (re.compile(r"\bmodule_util\(|spec_from_file_location\("), "loads shared code by file path"),
+    # Going up two or more directories from a file is looking for the repository root.
+    (re.compile(r"__file__\)[^\n]*\.parents\[[2-9]\]|\.parent\.parent\.parent"), "walks up to the repository root"),
+    (re.compile(r"[\"']ansible\.cfg[\"']\)\.(is_file|exists)\("), "searches for ansible.cfg"),
+]
+
+
+def test_the_rules_catch_what_they_name():
+    bad = ['sys.path.insert(0, "x")', "sys.path += ['x']", "ansible.module_utils.__path__.append(p)",
+           'repo.module_util("topology")', "ROOT = Path(__file__).resolve().parents[2]",
+           'if (parent / "ansible.cfg").is_file():']
+    for line in bad:
+        assert any(rx.search(line) for rx, _ in RULES), line
+    assert not any(rx.search("FIXTURES = Path(__file__).resolve().parents[1] / 'fixtures'") for rx, _ in RULES)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
+def test_no_import_path_edits_and_no_root_discovery(path):
+    if path.name == "test_code_rules.py":
+        return
+    found = ["%s:%d: %s" % (path.relative_to(ROOT), n, why)
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             for rx, why in RULES if rx.search(line)]
+    assert not found, "\n".join(found)

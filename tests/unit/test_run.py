@@ -1,0 +1,84 @@
+"""`pdctl run`: exit codes, the JSON summary and the JUnit file, from recorded outcomes (no hosts).
+The lab tests run it for real (tests/integration/test_lab_site.py)."""
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from inventories import inventory_variant
+from malformed import CASES
+
+from pdctl import cli, run, runner
+
+P0, D0 = "lab-prefill-0", "lab-decode-0"
+
+
+def outcome(play, host, failure=None, **counts):
+    out = {"play": play, "host": host, "ok": 3, "changed": 0, "failed": 0, "unreachable": 0, "skipped": 1,
+           "failure": failure}
+    out.update(counts)
+    return out
+
+
+def result(rc=0, failures=(), outcomes=(), gates=None):
+    return runner.PlaybookResult(rc=rc, status="successful" if rc == 0 else "failed", stats={},
+                                 artifact_dir=Path("/tmp/a"), failures=list(failures), outcomes=list(outcomes),
+                                 gates=gates or {})
+
+
+def failure(host, task, msg, play="p", unreachable=False):
+    return {"host": host, "play": play, "task": task, "msg": msg, "unreachable": unreachable}
+
+
+def test_exit_codes_tell_the_outcomes_apart():
+    assert run.exit_code(result(0)) == 0
+    assert run.exit_code(result(2, [failure(P0, run.PLAN_TASK, "bad")])) == 2
+    assert run.exit_code(result(4, [failure(P0, "Gather", "ssh: no route", unreachable=True)])) == 4
+    gate_failed = result(2, [failure(D0, run.GATE_VERDICT_TASK, "Rollout rejected")],
+                         gates={"sla": {"passed": False, "failures": ["context 4096: mean TPOT 11 ms > 1 ms"]},
+                                "accuracy": {"passed": True}})
+    assert run.exit_code(gate_failed) == 3
+    assert run.exit_code(result(2, [failure(P0, "Instance units", "template error")])) == 1
+
+
+def test_junit_has_one_case_per_play_and_host_and_names_the_failing_gate(tmp_path):
+    f = failure(D0, run.GATE_VERDICT_TASK, "Rollout rejected. SLA: failed", play="Rollout gates")
+    res = result(2, [f], [outcome("Preflight", P0), outcome("Preflight", D0), outcome("Rollout gates", D0, f, failed=1)],
+                 gates={"sla": {"passed": False}, "accuracy": {"passed": True}})
+    path = tmp_path / "j.xml"
+    run.junit(res, "site.yml").write(path, encoding="unicode", xml_declaration=True)
+    root = ET.parse(path).getroot()
+    cases = [(c.get("classname"), c.get("name")) for c in root.iter("testcase")]
+    assert cases == [("Preflight", P0), ("Preflight", D0), ("Rollout gates", D0)]
+    failed = [c for c in root.iter("testcase") if c.find("failure") is not None]
+    assert len(failed) == 1
+    assert failed[0].find("failure").get("message").startswith("gate failed (sla): Both gates passed:")
+    suites = {s.get("name"): s.get("failures") for s in root.iter("testsuite")}
+    assert suites == {"Preflight": "0", "Rollout gates": "1"}
+
+
+def test_json_summary_sums_hosts_and_lists_failed_tasks_and_gates():
+    f = failure(D0, run.GATE_VERDICT_TASK, "Rollout rejected", play="Rollout gates")
+    res = result(2, [f], [outcome("A", D0, changed=2), outcome("Rollout gates", D0, f, ok=1, failed=1)],
+                 gates={"sla": {"passed": False, "failures": ["x"], "runs": [{"input_len": 1024}]},
+                        "accuracy": {"passed": True, "benchmarks": {"aime": {"correct": 28}}}})
+    doc = run.summary(res, "site.yml", "inventories/lab", 3, 12.3)
+    assert doc["outcome"] == "gate failed" and doc["failed_gates"] == ["sla"]
+    assert doc["hosts"][D0] == {"ok": 4, "changed": 2, "failed": 1, "unreachable": 0, "skipped": 2}
+    assert doc["failed_tasks"] == [{"host": D0, "play": "Rollout gates", "task": run.GATE_VERDICT_TASK,
+                                    "msg": "Rollout rejected"}]
+    assert doc["gates"]["sla"]["runs"] == [{"input_len": 1024}] and doc["gates"]["accuracy"]["passed"]
+    json.dumps(doc)  # serialisable as written
+
+
+def test_malformed_inventory_exits_2_and_writes_both_files(tmp_path, capsys):
+    name, overrides, words = next(c for c in CASES if c[0] == "host-in-two-pools")
+    inv = inventory_variant(tmp_path / "inv", overrides)
+    rc = cli.main(["run", "site.yml", "-i", str(inv), "--json", str(tmp_path / "s.json"),
+                   "--junit", str(tmp_path / "j.xml")])
+    assert rc == 2
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["exit_code"] == 2 and doc["outcome"] == "inventory rejected"
+    assert any(all(w in p for w in words) for p in doc["problems"]), doc["problems"]
+    case = ET.parse(tmp_path / "j.xml").getroot().find(".//testcase")
+    assert "inventory rejected" in case.find("failure").get("message")
+    assert "is invalid" in capsys.readouterr().err
