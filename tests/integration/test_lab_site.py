@@ -58,7 +58,20 @@ def test_check_diff_on_converged_lab_reports_nothing(check_run):
     assert check_run.total("changed") == 0, check_run.recap()
 
 
-@pytest.mark.parametrize("case,overrides,expected", CASES, ids=[c[0] for c in CASES])
+# Every case goes through the planner in tests/unit/test_topology.py (`pdctl plan`, the same code
+# preflight calls). Here one case per way a mistake reaches the planner through Ansible's own
+# inventory: a GPU mask, a port, the group structure (two pools, a group the planner does not know,
+# two routers), the versions manifest, a pool's settings.
+THROUGH_ANSIBLE = ("gpu-overlap", "port-not-a-number", "host-in-two-pools", "host-in-unknown-group", "two-routers",
+                   "different-vllm-versions", "pool-key-nobody-reads")
+LAB_CASES = [c for c in CASES if c[0] in THROUGH_ANSIBLE]
+
+
+def test_every_lab_case_exists():
+    assert {c[0] for c in LAB_CASES} == set(THROUGH_ANSIBLE)
+
+
+@pytest.mark.parametrize("case,overrides,expected", LAB_CASES, ids=[c[0] for c in LAB_CASES])
 def test_malformed_inventory_stops_in_preflight(lab, tmp_path, case, overrides, expected):
     inv = inventory_variant(tmp_path / "inv", overrides)
     result = runner.run_playbook("site.yml", inv, envvars=LAB_ENV)
