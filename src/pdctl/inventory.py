@@ -12,14 +12,6 @@ class InventoryError(Exception):
     pass
 
 
-_PLUGINS_READY = []
-
-
-def _init_plugins(init_plugin_loader):
-    """Lookups (env, file) in inventory variables need Ansible's plugin loader, set up once per process."""
-    if not _PLUGINS_READY:
-        init_plugin_loader()
-        _PLUGINS_READY.append(True)
 
 
 def load(inventory: str | os.PathLike, names=None) -> dict:
@@ -36,10 +28,8 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import init_plugin_loader
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
-    _init_plugins(init_plugin_loader)
     loader = DataLoader()
     try:
         inv = InventoryManager(loader=loader, sources=[str(path)])
