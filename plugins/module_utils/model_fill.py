@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.model_hashing import CHUNK, Progress, fast_check, gib, write_marker
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.model_layout import Layout, free_bytes, fsync_dir, status
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils.model_manifest import ModelError, load_manifest, make_manifest, manifest_digest, total_size, write_json_atomic
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.model_manifest import (
+    ModelError, load_manifest, make_manifest, manifest_digest, total_size, write_json_atomic)
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.model_sources import DEFAULT_HUB, HttpSource, HubSource, open_source
 
 
@@ -258,9 +259,9 @@ def _repair(lay, source, revision, token, hub_endpoint, current, result, check_m
 
 
 def _same_content(a, b):
-    key = lambda m: [(f["path"], f["size"], f.get("sha256")) for f in m["files"]]  # noqa: E731
     if all(f.get("sha256") for f in b["files"]):
-        return key(a) == key(b)
+        return [(f["path"], f["size"], f.get("sha256")) for f in a["files"]] == \
+            [(f["path"], f["size"], f.get("sha256")) for f in b["files"]]
     return [(f["path"], f["size"]) for f in a["files"]] == [(f["path"], f["size"]) for f in b["files"]]
 
 

@@ -114,7 +114,6 @@ def status(served_path, revision, full=False, workers=None, progress=None):
     return out
 
 
-
 def prune(served_path, keep=1):
     """Remove versions other than the current one and the `keep` most recent others."""
     lay = Layout(served_path)

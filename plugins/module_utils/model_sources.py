@@ -89,7 +89,7 @@ class HttpSource:
         return ModelError("%s answered HTTP %d %s" % (redact(url), exc.code, exc.reason))
 
     def manifest(self, revision):
-        data, _ = self.get_json(self.url(MANIFEST_NAME))
+        data = self.get_json(self.url(MANIFEST_NAME))[0]
         return make_manifest(data["revision"], data["files"], data.get("source"))
 
     def open(self, rel, offset):
@@ -132,8 +132,7 @@ class HubSource(HttpSource):
         return ModelError("Hub %s answered HTTP %d %s %s" % (redact(url), exc.code, exc.reason, code))
 
     def resolve(self):
-        data, _ = self.get_json("%s/api/models/%s/revision/%s" % (self.endpoint, self.repo_id,
-                                                                  quote(self.revision, safe="")))
+        data = self.get_json("%s/api/models/%s/revision/%s" % (self.endpoint, self.repo_id, quote(self.revision, safe="")))[0]
         sha = data.get("sha")
         if SHA1_RE.match(self.revision) and sha != self.revision:
             raise ModelError("Hub repo %s resolved revision %s to %s" % (self.repo_id, self.revision, sha))
