@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from pdctl.lab import synthetic_model  # noqa: E402
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm, model_hashing, model_manifest
 
 
 def timed(fn, repeat=3):
@@ -40,7 +40,7 @@ def timed(fn, repeat=3):
 
 
 def _hash_one(path):
-    return pdm.sha256_file(path)
+    return model_hashing.sha256_file(path)
 
 
 def main():
@@ -67,10 +67,10 @@ def main():
 
     lay = pdm.Layout(served)
     root = lay.version_dir(info["revision"])
-    rels = pdm.scan_dir(root)
+    rels = model_manifest.scan_dir(root)
     paths = [os.path.join(root, r) for r in rels]
     size = sum(os.path.getsize(p) for p in paths)
-    manifest = pdm.load_manifest(lay.manifest_path(info["revision"]))
+    manifest = model_manifest.load_manifest(lay.manifest_path(info["revision"]))
     cores = os.cpu_count()
 
     def gbps(seconds):
@@ -94,11 +94,11 @@ def main():
         return min(run() for _ in range(2))
 
     c_cat = cold(cat)
-    c_thr = cold(lambda: pdm.verify_tree(root, manifest, workers=cores))
+    c_thr = cold(lambda: model_hashing.verify_tree(root, manifest, workers=cores))
     cat()                                                                         # warm the cache
     t_cat = timed(lambda: subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True))
-    t_thr = timed(lambda: pdm.verify_tree(root, manifest, workers=cores))
-    t_one = timed(lambda: pdm.verify_tree(root, manifest, workers=1), repeat=1)
+    t_thr = timed(lambda: model_hashing.verify_tree(root, manifest, workers=cores))
+    t_one = timed(lambda: model_hashing.verify_tree(root, manifest, workers=1), repeat=1)
     with ProcessPoolExecutor(max_workers=cores) as pool:
         list(pool.map(_hash_one, paths[:cores]))                                  # start the workers
         t_proc = timed(lambda: list(pool.map(_hash_one, paths)))

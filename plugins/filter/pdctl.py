@@ -15,7 +15,7 @@ def plan(hostvars, groups):
     for name in groups.get("all", []):
         hv = hostvars[name]
         hosts[name] = {
-            "groups": [g for g in hv.get("group_names", [])],
+            "groups": list(hv.get("group_names", [])),
             "vars": {k: hv[k] for k in topology.PLAN_VARS if k in hv},
         }
     try:

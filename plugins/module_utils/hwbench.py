@@ -26,7 +26,7 @@ def measure(size_mb=256, iterations=5):
         torch.cuda.synchronize(dst.device)
         torch.cuda.synchronize(src.device)
         start = time.perf_counter()
-        for _ in range(iterations):
+        for dummy in range(iterations):
             dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize(dst.device)
         torch.cuda.synchronize(src.device)

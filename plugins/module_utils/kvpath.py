@@ -48,7 +48,7 @@ def _size(text):
 
 def parse_range(text):
     """'8K..inf' -> (8192, inf); '0' -> (0, 0)."""
-    lo, _, hi = text.strip().partition("..")
+    lo, dummy, hi = text.strip().partition("..")
     return _size(lo), _size(hi) if hi else _size(lo)
 
 
@@ -221,7 +221,7 @@ def _drive(agent, local, peer, remote_region, mem, op, nbytes, iterations, timeo
     small_remote = agent.get_xfer_descs([(remote_region[0], LATENCY_BYTES, remote_region[2])], mem)
     small = agent.initialize_xfer(op, small_local, small_remote, peer, b"pdctl-kv-lat")
     lat = []
-    for _ in range(21):
+    for dummy in range(21):
         state, elapsed = _post_and_wait(agent, small, timeout)
         if state == "DONE":
             lat.append(elapsed)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import (ProfileError, placement,
-                                                                            resolve as resolve_profile)
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import (
+    ProfileError, placement, resolve as resolve_profile)
 
 KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
@@ -67,7 +67,7 @@ def _gpu_list(value, what, problems):
         for part in str(value).split(","):
             part = part.strip()
             if "-" in part:
-                lo, _, hi = part.partition("-")
+                lo, dummy, hi = part.partition("-")
                 lo_i, hi_i = _as_int(lo, what, problems), _as_int(hi, what, problems)
                 if lo_i is None or hi_i is None:
                     return None

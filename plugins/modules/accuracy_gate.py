@@ -19,7 +19,8 @@ description:
   - Writes accuracy.json, accuracy.md, accuracy_items.jsonl and accuracy.png under O(artifacts_dir).
     GPQA items appear there by record id and hash only.
 version_added: "0.1.0"
-author: pdctl contributors
+author:
+  - pdctl contributors (!UNKNOWN)
 options:
   api_key:
     description:
@@ -67,7 +68,11 @@ options:
     description: Report directory.
     type: path
     required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
     details: Validates the inputs and runs nothing.
@@ -182,8 +187,8 @@ def main():
     out = dict(changed=False, passed=result["passed"], benchmarks=result["benchmarks"],
                failures=result["failures"], files=files, wall_s=result["wall_s"])
     if not result["passed"]:
-        module.fail_json(msg="accuracy gate failed: %s (report %s)" % ("; ".join(result["failures"]),
-                                                                        files["markdown"]), **out)
+        module.fail_json(msg="accuracy gate failed: %s (report %s)" % ("; ".join(result["failures"]), files["markdown"]),
+                         **out)
     module.exit_json(**out)
 
 

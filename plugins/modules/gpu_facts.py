@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -24,13 +26,17 @@ options:
   host_label:
     description: Name used in messages (defaults to the host name); pass C(inventory_hostname).
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
   diff_mode:
     support: none
 author:
-  - pdctl
+  - pdctl contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

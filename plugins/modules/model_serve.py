@@ -12,14 +12,15 @@ description:
   - Serves the files of the verified current revision of O(path) (and its C(.pdctl-manifest.json)),
     with HTTP Range so receivers resume, until a C(POST /.pdctl/shutdown/<nonce>), O(idle_timeout)
     seconds without requests, or O(max_seconds).
-  - Meant to run with C(async) and C(poll=0) on the seed host while the other hosts run M(model_sync)
+  - Meant to run with C(async) and C(poll=0) on the seed host while the other hosts run M(pdctl.vllm_pd.model_sync)
     against it. Receivers verify every byte against the manifest, so the transport needs no integrity of its own.
   - Nothing but the manifest's files is reachable. Refuses to start unless the revision is verified.
 version_added: "0.1.0"
-author: pdctl contributors
+author:
+  - pdctl contributors (!UNKNOWN)
 options:
   path:
-    description: Served model path laid out by M(model_sync).
+    description: Served model path laid out by M(pdctl.vllm_pd.model_sync).
     type: path
     required: true
   revision:
@@ -45,7 +46,11 @@ options:
   nonce:
     description: Secret part of the shutdown URL.
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
     details: In check mode the server is not started (nothing would change either way).
@@ -110,8 +115,7 @@ def main():
         result = serve(p["path"], p["revision"], bind=p["bind"], port=p["port"], idle_timeout=p["idle_timeout"],
                        max_seconds=p["max_seconds"], nonce=p["nonce"])
     except (ModelError, OSError) as exc:
-        module.fail_json(msg="model_serve %s revision %s on %s:%d: %s" % (p["path"], p["revision"], p["bind"],
-                                                                        p["port"], exc))
+        module.fail_json(msg="model_serve %s revision %s on %s:%d: %s" % (p["path"], p["revision"], p["bind"], p["port"], exc))
     module.exit_json(changed=False, **result)
 
 

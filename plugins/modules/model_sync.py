@@ -10,7 +10,7 @@ module: model_sync
 short_description: Lay out a verified model revision at a served path, atomically
 description:
   - Fills a staging directory beside the served path from a source (Hugging Face Hub, an HTTP tree
-    such as a fan-out server started by M(model_serve), or a local/NFS mirror directory), resuming
+    such as a fan-out server started by M(pdctl.vllm_pd.model_serve), or a local/NFS mirror directory), resuming
     partial files, hashing every byte while copying, and checking sizes and sha256 against the manifest.
   - Only a fully verified revision is published, by renaming a temporary symlink over O(path),
     so the served path always shows one complete revision.
@@ -19,7 +19,8 @@ description:
   - Writes one line per fill to C(.<name>.versions/transfers.jsonl) with the bytes read from the source,
     and progress to C(.<name>.versions/progress.log).
 version_added: "0.1.0"
-author: pdctl contributors
+author:
+  - pdctl contributors (!UNKNOWN)
 options:
   path:
     description: Served model path (becomes a symlink to C(.<name>.versions/<revision>)).
@@ -61,7 +62,11 @@ options:
     description: Older revisions kept under C(.<name>.versions) after a switch (for a quick rollback).
     type: int
     default: 1
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
     details: Reports what would be fetched (files, bytes) and whether the layout would switch; writes nothing.

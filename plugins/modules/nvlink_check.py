@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -57,13 +59,17 @@ options:
   host_label:
     description: Name used in messages (defaults to the host name); pass C(inventory_hostname).
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
   diff_mode:
     support: none
 author:
-  - pdctl
+  - pdctl contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -92,7 +98,7 @@ report:
     gpu_count: 8
     driver_version: 580.95.05
     link_kinds: {NV18: 28}
-    links_per_gpu: {0: {total: 18, active: 18}}
+    links_per_gpu: {"0": {total: 18, active: 18}}
     topology: {GPU0: {GPU0: X, GPU1: NV18}}
     nic_names: {}
     gpus: [{index: 0, uuid: GPU-..., fabric_state: Completed, fabric_status: Success, ecc_volatile_uncorrected: 0}]
@@ -121,8 +127,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import hwbench
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwcheck import QUERY_FIELDS, check_bandwidth, check_state
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import ProfileError, resolve
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils.nvsmi import (parse_nvlink_errors, parse_nvlink_status, parse_query_csv,
-                                              parse_topo_matrix, parse_version)
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.nvsmi import (
+    parse_nvlink_errors, parse_nvlink_status, parse_query_csv, parse_topo_matrix, parse_version)
 
 
 def build_module():

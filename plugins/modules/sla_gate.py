@@ -19,7 +19,8 @@ description:
     (C(delegate_to=localhost), C(run_once=true), C(ansible_python_interpreter="{{ ansible_playbook_python }}")).
     The client itself may run on a serving host through O(exec_prefix) (for example C(ssh decode-0)).
 version_added: "0.1.0"
-author: pdctl contributors
+author:
+  - pdctl contributors (!UNKNOWN)
 options:
   api_key:
     description:
@@ -75,7 +76,11 @@ options:
     description: Report directory.
     type: path
     required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
+  platform:
+    platforms: posix
   check_mode:
     support: full
     details: Validates the inputs and runs nothing.
@@ -152,7 +157,7 @@ def build_module():
             num_prompts=dict(type="int"),
             max_ttft_ms=dict(type="float"),
             max_tpot_ms=dict(type="float"),
-            tokenizer=dict(type="str"),
+            tokenizer=dict(type="str", no_log=False),   # a tokenizer name or path, not a secret
             model=dict(type="str"),
             capacity=dict(type="dict"),
             config=dict(type="dict", default={}),

@@ -1,4 +1,4 @@
-"""module_utils/model.py and the lab synthetic model: small files in tmp dirs."""
+"""module_utils/model*.py and the lab synthetic model: small files in tmp dirs."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from pdctl.lab import synthetic_model as sm
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm, model_fill, model_hashing, model_manifest, model_sources
 
 SIZE_MB = 2
 
@@ -62,7 +62,7 @@ def test_sync_from_mirror_then_noop_reads_nothing(models, tmp_path, monkeypatch)
     assert os.path.islink(path) and os.readlink(path) == ".GLM-5.2-NVFP4.versions/%s" % info["revision"]
     assert r["manifest_digest"] == info["manifest_digest"]
     # Second run: decided from the marker alone; hashing a single byte would fail the test.
-    monkeypatch.setattr(pdm, "sha256_file", lambda *a, **k: pytest.fail("no-op run hashed a file"))
+    monkeypatch.setattr(model_hashing, "sha256_file", lambda *a, **k: pytest.fail("no-op run hashed a file"))
     r2 = pdm.sync(path, root, info["revision"])
     assert not r2["changed"] and r2["action"] == "current" and r2["bytes_from_source"] == 0
     log = [json.loads(line) for line in open(pdm.Layout(path).transfer_log)]
@@ -113,7 +113,7 @@ def test_wrong_revision_fails_before_copying(models, tmp_path):
 
 def test_not_enough_disk_fails_before_copying(models, tmp_path, monkeypatch):
     ra, a = models["a"]
-    monkeypatch.setattr(pdm, "free_bytes", lambda path: a["size"])    # < size + 10% margin
+    monkeypatch.setattr(model_fill, "free_bytes", lambda path: a["size"])    # < size + 10% margin
     with pytest.raises(pdm.ModelError, match=r"not enough free space .* \(0.00 GiB to fetch \+ 10% margin\)"):
         pdm.sync(served(tmp_path), ra, a["revision"])
     lay = pdm.Layout(served(tmp_path))
@@ -154,13 +154,13 @@ def test_interrupted_copy_resumes_without_rereading(models, tmp_path, monkeypatc
     ra, a = models["a"]
     path = served(tmp_path)
     cut = a["size"] // 2 + 12345
-    flaky = Flaky(pdm.DirSource(ra), cut)
-    monkeypatch.setattr(pdm, "open_source", lambda *args, **kw: flaky)
+    flaky = Flaky(model_sources.DirSource(ra), cut)
+    monkeypatch.setattr(model_fill, "open_source", lambda *args, **kw: flaky)
     with pytest.raises(pdm.ModelError, match="interrupted after %d bytes.*run again to resume" % cut):
         pdm.sync(path, ra, a["revision"], jobs=1)
     assert pdm.Layout(path).current() is None
-    counting = Flaky(pdm.DirSource(ra), 1 << 40)
-    monkeypatch.setattr(pdm, "open_source", lambda *args, **kw: counting)
+    counting = Flaky(model_sources.DirSource(ra), 1 << 40)
+    monkeypatch.setattr(model_fill, "open_source", lambda *args, **kw: counting)
     r = pdm.sync(path, ra, a["revision"], jobs=1)
     assert r["bytes_from_source"] == counting.read == a["size"] - cut
     assert pdm.status(path, a["revision"], full=True)["verified"]
@@ -194,9 +194,9 @@ def test_new_revision_hardlinks_unchanged_files(models, tmp_path):
     src = copy_tree(ra, tmp_path / "v2")
     with open(os.path.join(src, "generation_config.json"), "w") as fh:
         fh.write('{"temperature": 0.7}\n')
-    os.unlink(os.path.join(src, pdm.MANIFEST_NAME))
-    man = pdm.build_manifest(src, "v2")
-    pdm.write_json_atomic(os.path.join(src, pdm.MANIFEST_NAME), man)
+    os.unlink(os.path.join(src, model_manifest.MANIFEST_NAME))
+    man = model_hashing.build_manifest(src, "v2")
+    model_manifest.write_json_atomic(os.path.join(src, model_manifest.MANIFEST_NAME), man)
     r = pdm.sync(path, src, "v2")
     assert r["bytes_from_source"] == os.path.getsize(os.path.join(src, "generation_config.json"))
     assert pdm.status(path, "v2", full=True)["verified"]
@@ -244,7 +244,7 @@ def test_fanout_rejects_other_content(models, tmp_path):
 def test_hub_source_uses_lfs_metadata_token_and_pagination(models, tmp_path):
     ra, a = models["a"]
     with sm.HubStub(ra, token="hf_TESTSECRET", page_size=2) as hub:
-        src = pdm.HubSource(sm.REPO_ID, "main", token="hf_TESTSECRET", endpoint=hub.url)
+        src = model_sources.HubSource(sm.REPO_ID, "main", token="hf_TESTSECRET", endpoint=hub.url)
         man = src.manifest("main")
         assert man["revision"] == a["revision"]                           # branch resolved to the commit
         shards = [f for f in man["files"] if f["path"].endswith(".safetensors")]
@@ -252,7 +252,7 @@ def test_hub_source_uses_lfs_metadata_token_and_pagination(models, tmp_path):
         assert all("git_oid" in f for f in man["files"] if f not in shards)
         assert len(man["files"]) == a["files"]                            # every tree page followed
         with pytest.raises(pdm.ModelError, match="token lacks access"):
-            pdm.HubSource(sm.REPO_ID, a["revision"], endpoint=hub.url).manifest(a["revision"])
+            model_sources.HubSource(sm.REPO_ID, a["revision"], endpoint=hub.url).manifest(a["revision"])
         r = pdm.sync(served(tmp_path), "hf://" + sm.REPO_ID, a["revision"], token="hf_TESTSECRET",
                      hub_endpoint=hub.url)
         assert r["bytes_from_source"] == hub.bytes_served == a["size"]
@@ -276,9 +276,9 @@ def test_served_path_that_is_a_real_directory_is_refused(models, tmp_path):
 
 def test_manifest_rejects_escaping_paths():
     with pytest.raises(pdm.ModelError, match="escapes"):
-        pdm.make_manifest("r1", [{"path": "../x", "size": 1, "sha256": "00"}])
+        model_manifest.make_manifest("r1", [{"path": "../x", "size": 1, "sha256": "00"}])
     with pytest.raises(pdm.ModelError, match="not usable as a directory name"):
-        pdm.check_revision("../../etc")
+        model_manifest.check_revision("../../etc")
 
 
 def test_token_is_not_forwarded_on_redirect(models, tmp_path):
@@ -314,7 +314,7 @@ def test_token_is_not_forwarded_on_redirect(models, tmp_path):
     for srv in (cdn, hub):
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        src = pdm.HttpSource("http://127.0.0.1:%d/r/" % hub.server_address[1], {"Authorization": "Bearer hf_X"})
+        src = model_sources.HttpSource("http://127.0.0.1:%d/r/" % hub.server_address[1], {"Authorization": "Bearer hf_X"})
         stream, start = src.open("f.bin", 0)
         assert stream.read() == b"abc" and start == 0
         assert seen == ["Bearer hf_X", None]

@@ -1,11 +1,8 @@
-"""Every module in plugins/modules: its documentation parses, matches its argument spec, and renders.
+"""House rules for plugins/modules that ansible-test does not check.
 
-ansible-test's validate-modules does not apply to a playbook repository, so this does its core job.
+`ansible-test sanity` (scripts/ansible-test) checks the rest: validate-modules (DOCUMENTATION against the
+argument spec, RETURN, EXAMPLES, markup, licence header), ansible-doc (every module renders).
 """
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
 from ansible.module_utils import basic
@@ -24,35 +21,15 @@ def captured_module_kwargs(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_documentation_matches_the_argument_spec(name, monkeypatch):
-    mod = load(name)
-    doc = yaml.safe_load(mod.DOCUMENTATION)
-    assert doc["module"] == name
+def test_every_module_supports_check_mode_and_says_so(name, monkeypatch):
+    doc = yaml.safe_load(load(name).DOCUMENTATION)
     assert {"check_mode", "diff_mode"} <= set(doc["attributes"])
-    assert isinstance(yaml.safe_load(mod.EXAMPLES), list)
-    for key, ret in yaml.safe_load(mod.RETURN).items():
-        assert {"description", "type", "returned"} <= set(ret), "%s RETURN %s" % (name, key)
-    kwargs = captured_module_kwargs(name, monkeypatch)
-    assert kwargs["supports_check_mode"] is True
-    spec = kwargs["argument_spec"]
-    assert set(doc["options"]) == set(spec)
-    for option, meta in doc["options"].items():
-        where = "%s.%s" % (name, option)
-        assert meta.get("type", "str") == spec[option].get("type", "str"), where
-        assert meta.get("required", False) == spec[option].get("required", False), where
-        assert meta.get("default") == spec[option].get("default"), where
-        assert meta.get("choices") == spec[option].get("choices"), where
+    assert doc["attributes"]["check_mode"]["support"] == "full"
+    assert captured_module_kwargs(name, monkeypatch)["supports_check_mode"] is True
 
 
-def test_secrets_are_no_log():
-    for name, option in (("accuracy_gate", "hf_token"), ("accuracy_gate", "api_key"), ("sla_gate", "api_key"),
-                         ("model_sync", "token")):
-        assert "no_log=True" in (ROOT / "plugins" / "modules" / (name + ".py")).read_text().split(option + "=dict(")[1].split(")")[0]
-
-
-@pytest.mark.parametrize("name", MODULES)
-def test_ansible_doc_renders(name):
-    res = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "pdctl.vllm_pd." + name],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode == 0, res.stderr
-    assert name in res.stdout and "OPTIONS" in res.stdout
+@pytest.mark.parametrize("name,option", [("accuracy_gate", "hf_token"), ("accuracy_gate", "api_key"),
+                                         ("sla_gate", "api_key"), ("model_sync", "token")])
+def test_secrets_are_no_log(name, option, monkeypatch):
+    # validate-modules only asks that secret-looking options set no_log at all; False would pass it.
+    assert captured_module_kwargs(name, monkeypatch)["argument_spec"][option].get("no_log") is True

@@ -21,7 +21,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit, parse_qs
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model as pdm
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import model_hashing, model_manifest
 
 REPO_ID = "nvidia/GLM-5.2-NVFP4"  # the production source's repo id (inventories/*/model_source.yml)
 # The real checkpoint is ~459 GB; the default synthetic one is the same layout at 1/300 of the size.
@@ -125,21 +125,21 @@ def build(out_dir, size_mb=1536, shards=None, seed=0):
             json.dump(config, fh, indent=2, sort_keys=True)
             fh.write("\n")
     entries = []
-    for rel in pdm.scan_dir(out_dir):
+    for rel in model_manifest.scan_dir(out_dir):
         full = os.path.join(out_dir, rel)
         entries.append({"path": rel, "size": os.path.getsize(full),
-                        "sha256": digests.get(rel) or pdm.sha256_file(full)})
+                        "sha256": digests.get(rel) or model_hashing.sha256_file(full)})
     # A Hub-like revision (40 hex, like a git commit) derived from the content, so it is stable.
-    digest = pdm.manifest_digest(pdm.make_manifest("0" * 40, entries))
+    digest = model_manifest.manifest_digest(model_manifest.make_manifest("0" * 40, entries))
     revision = hashlib.sha1(digest.encode()).hexdigest()
-    manifest = pdm.make_manifest(revision, entries, source="hf://%s@%s" % (REPO_ID, revision))
-    pdm.write_json_atomic(os.path.join(out_dir, pdm.MANIFEST_NAME), manifest)
-    return {"revision": revision, "manifest_digest": pdm.manifest_digest(manifest),
-            "size": pdm.total_size(manifest), "files": len(entries), "tokenizer": tok}
+    manifest = model_manifest.make_manifest(revision, entries, source="hf://%s@%s" % (REPO_ID, revision))
+    model_manifest.write_json_atomic(os.path.join(out_dir, model_manifest.MANIFEST_NAME), manifest)
+    return {"revision": revision, "manifest_digest": model_manifest.manifest_digest(manifest),
+            "size": model_manifest.total_size(manifest), "files": len(entries), "tokenizer": tok}
 
 
 def _git_blob_id(path):
-    return pdm.git_blob_sha1(path)
+    return model_hashing.git_blob_sha1(path)
 
 
 class HubStub:
