@@ -1,4 +1,4 @@
-"""Run the production argument checker (roles/vllm/files/vllm-check-serve-args) against a real vLLM release.
+"""Run the production argument checker (roles/vllm/files/vllm_check_serve_args.py) against a real vLLM release.
 
     python benchmarks/vllm_serve_args.py --python /path/to/venv/bin/python
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from pdctl import collection
 
 ROOT = collection.root()
-CHECKER = ROOT / "roles" / "vllm" / "files" / "vllm-check-serve-args"
+CHECKER = ROOT / "roles" / "vllm" / "files" / "vllm_check_serve_args.py"
 
 
 def rendered_argvs() -> dict[str, list[str]]:

@@ -47,4 +47,4 @@ def measure(size_mb=256, iterations=5):
 
 if __name__ == "__main__":
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-    print("PDCTL_HWBENCH " + json.dumps(measure(size)))
+    sys.stdout.write("PDCTL_HWBENCH " + json.dumps(measure(size)) + "\n")

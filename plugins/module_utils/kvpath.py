@@ -388,15 +388,16 @@ def main(argv=None):
         with open(args.result_file, "w", encoding="utf-8") as handle:
             handle.write(payload)
     else:
-        print(RESULT_MARK + payload, flush=True)
+        sys.stdout.write(RESULT_MARK + payload + "\n")
+        sys.stdout.flush()
     if args.min_gbps is not None and args.role != "listener":
         out = sys.stderr if not args.result_file else sys.stdout
         where = f"{result.get('host')} -> {args.peer or 'loopback'}"
         for failure in judge(result, args.min_gbps, args.expect_rdma, where):
-            print("FAIL " + failure, file=out)
+            out.write("FAIL " + failure + "\n")
             return 1
     return 0 if result.get("data_ok", True) or args.role == "listener" else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -12,7 +12,8 @@ import os
 import re
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote, urlsplit
-from urllib.request import Request, urlopen
+
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.model_manifest import MANIFEST_NAME, ModelError, load_manifest, make_manifest, scan_dir
 
@@ -64,21 +65,20 @@ class HttpSource:
         self.timeout = timeout
         self.label = redact(self.base)
 
-    def _request(self, url, offset=0):
-        req = Request(url)
-        for k, v in self.headers.items():
-            # Unredirected: a token must not follow a redirect to a CDN or another host.
-            req.add_unredirected_header(k, v)
+    def _open(self, url, offset=0):
+        headers = dict(self.headers)
         if offset:
-            req.add_header("Range", "bytes=%d-" % offset)
-        return req
+            headers["Range"] = "bytes=%d-" % offset
+        # Unredirected: a token must not follow a redirect to a CDN or another host.
+        return open_url(url, headers=headers, unredirected_headers=list(self.headers), timeout=self.timeout,
+                        follow_redirects="all", http_agent="pdctl-model-sync")
 
     def url(self, rel):
         return self.base + quote(rel)
 
     def get_json(self, url):
         try:
-            with urlopen(self._request(url), timeout=self.timeout) as resp:
+            with self._open(url) as resp:
                 return json.loads(resp.read().decode()), resp.headers
         except HTTPError as exc:
             raise self._error(exc, url)
@@ -95,7 +95,7 @@ class HttpSource:
     def open(self, rel, offset):
         url = self.url(rel)
         try:
-            resp = urlopen(self._request(url, offset), timeout=self.timeout)
+            resp = self._open(url, offset)
         except HTTPError as exc:
             raise ModelError("%s: %s" % (rel, self._error(exc, url)))
         except (URLError, OSError) as exc:

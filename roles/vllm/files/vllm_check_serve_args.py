@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Parse `serve MODEL FLAGS...` with the installed vLLM's own CLI parser, then exit.
 
 Run with the release venv's python before a release goes live: an unknown, renamed or removed
