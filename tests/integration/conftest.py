@@ -1,10 +1,8 @@
 """Session fixtures for tests on the three lab hosts."""
 import json
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -31,27 +29,6 @@ def converged_lab(lab):
     result = runner.run_playbook("site.yml", lab, envvars=LAB_ENV)
     assert result.ok, "first converge failed:\n%s\n%s" % (result.recap(), result.failures)
     return result
-
-
-@pytest.fixture(scope="session")
-def installed_collection(tmp_path_factory):
-    """The collection as a user gets it: `ansible-galaxy collection build`, then `install` into an empty
-    path. Its dependencies come from the ansible package's own copies (Galaxy is not reachable here)."""
-    base = tmp_path_factory.mktemp("collection")
-    galaxy = str(Path(sys.executable).parent / "ansible-galaxy")
-    subprocess.run([galaxy, "collection", "build", str(ROOT), "--output-path", str(base / "build")],
-                   check=True, capture_output=True, text=True)
-    tarball = next((base / "build").glob("pdctl-vllm_pd-*.tar.gz"))
-    path = base / "collections"
-    subprocess.run([galaxy, "collection", "install", "--no-deps", "-p", str(path), str(tarball)],
-                   check=True, capture_output=True, text=True)
-    bundled = Path(sysconfig.get_paths()["purelib"]) / "ansible_collections"
-    for dep in ("ansible/posix", "community/general"):
-        (path / "ansible_collections" / dep).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(bundled / dep, path / "ansible_collections" / dep, symlinks=True)
-    installed = path / "ansible_collections" / "pdctl" / "vllm_pd"
-    assert (installed / "plugins" / "modules" / "nvlink_check.py").is_file() and not installed.is_symlink()
-    return path
 
 
 EXTERNAL_PLAYBOOK = """\
