@@ -9,6 +9,13 @@ def _use_ansible_collection_loader() -> None:
     once the loader is installed later (by any use of Ansible's inventory or templating) it cannot
     load the rest of that package next to it. Inside an Ansible module the loader already runs.
     """
+    import sys
+
+    # Inside an Ansible module (the gate modules import pdctl.gates) ansible.module_utils comes from
+    # the module's payload zip, with the module's own loader: Ansible's controller code must not mix in.
+    module_utils = sys.modules.get("ansible.module_utils")
+    if ".zip" in (getattr(module_utils, "__file__", None) or ""):
+        return
     try:
         from ansible.utils.collection_loader import AnsibleCollectionConfig
     except ImportError:  # no Ansible in this environment (a lab host's engine venv)

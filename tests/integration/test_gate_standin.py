@@ -197,7 +197,7 @@ def test_sla_gate_module_under_ansible(engine, tmp_path, vllm_rs, model_dir):
     args = {"router_url": url, "client": [vllm_rs, "bench", "serve"], "contexts": [1024], "output_len": 16,
             "concurrency": 2, "num_prompts": 8, "tokenizer": str(model_dir), "artifacts_dir": str(tmp_path / "m")}
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-m", "sla_gate",
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-m", "pdctl.vllm_pd.sla_gate",
                            "-a", json.dumps(args), "-e", "ansible_python_interpreter=%s" % sys.executable],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                           )

@@ -47,7 +47,7 @@ def playbook(tmp, hub_url, revision, port, extra=""):
     (tmp / "hosts.json").write_text(json.dumps(inv))
     (tmp / "play.yml").write_text(
         "- name: Model weights\n  hosts: all\n  gather_facts: false\n  become: false\n"
-        "  roles:\n    - role: model_weights\n" + extra)
+        "  roles:\n    - role: pdctl.vllm_pd.model_weights\n" + extra)
 
 
 def ansible(tmp, *args):
