@@ -29,6 +29,11 @@ def kv_nics(profile_overrides):
     return hwprofile.kv_nics(hwprofile.resolve(profile_overrides or {}))
 
 
+def kv_check_paths(plan, base_port, gpus="per_numa"):
+    """The prefill GPU -> decode paths the KV-path check proves (topology.kv_check_paths)."""
+    return topology.kv_check_paths(plan, base_port, gpus)
+
+
 def mount_of(mounts, path):
     """The mount (from ansible_facts.mounts) that holds `path`: the longest mount point prefix."""
     best = None
@@ -52,6 +57,7 @@ class FilterModule:
             "plan": plan,
             "mount_of": mount_of,
             "kv_nics": kv_nics,
+            "kv_check_paths": kv_check_paths,
             "in_venv": serving.in_venv,
             "serve_argv": serving.serve_argv,
             "check_argv": serving.check_argv,

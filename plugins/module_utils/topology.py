@@ -221,6 +221,7 @@ def place_on_hardware(instances, hosts, problems):
       ucx_net_devices  UCX_NET_DEVICES for them ("mlx5_0:1,..."; "" when the profile lists no NICs)
       numa_nodes       its GPUs' NUMA nodes
       cpu_affinity     systemd CPUAffinity= for its GPUs' sockets ("" when the profile lists none)
+      gpu_layout       per GPU, in slot order: {gpu, numa, nics} (the KV NIC(s) nearest that GPU)
     """
     profiles = {}
     for inst in instances:
@@ -243,6 +244,62 @@ def place_on_hardware(instances, hosts, problems):
         inst["ucx_net_devices"] = ",".join("%s:1" % nic for nic in place["nics"])
         inst["numa_nodes"] = place["numa_nodes"]
         inst["cpu_affinity"] = place["cpu_affinity"]
+        layout = []
+        for gpu in inst["gpus"]:
+            one = placement(profile, [gpu])
+            layout.append({"gpu": gpu, "numa": (one["numa_nodes"] or [None])[0], "nics": one["nics"]})
+        inst["gpu_layout"] = layout
+
+
+KV_CHECK_GPUS = ("per_numa", "all")
+
+
+def kv_check_paths(plan, base_port, gpus="per_numa"):
+    """The KV paths that serve, as the KV-path check proves them: for every prefill instance, one GPU on
+    each of its sockets (gpus=per_numa) or every GPU (all), read by every decode instance (decode pulls
+    from prefill) from a decode GPU on the same socket number where it has one. Each path:
+      name             "<host> <instance> GPU <n> (NIC <nics>) -> <decode host> <decode instance> GPU <m>"
+      prefill_host, prefill_instance, prefill_address, gpu, numa, nics, ucx_net_devices
+      decode_host, decode_instance, decode_gpu, decode_ucx_net_devices
+      port             the listener's control port on the prefill host (base_port + n-th path there)
+    """
+    if gpus not in KV_CHECK_GPUS:
+        raise ValueError("KV check GPU choice %r, expected one of %s" % (gpus, ", ".join(KV_CHECK_GPUS)))
+    instances = plan["instances"]
+    decodes = [i for i in instances if i["pool"] == "decode"]
+    per_host = {}
+    paths = []
+    for inst in (i for i in instances if i["pool"] == "prefill"):
+        layout = inst.get("gpu_layout") or [{"gpu": g, "numa": None, "nics": []} for g in inst["gpus"]]
+        chosen, seen = [], set()
+        for entry in layout:
+            if gpus == "all" or entry["numa"] not in seen:
+                chosen.append(entry)
+                seen.add(entry["numa"])
+        for entry in chosen:
+            for dec in decodes:
+                dlayout = dec.get("gpu_layout") or [{"gpu": g, "numa": None} for g in dec["gpus"]]
+                dgpu = next((d["gpu"] for d in dlayout if d["numa"] == entry["numa"]), dec["gpus"][0])
+                slot = per_host.get(inst["host"], 0)
+                per_host[inst["host"]] = slot + 1
+                nics = ",".join(entry["nics"]) or "none planned"
+                paths.append({
+                    "name": "%s %s GPU %d (NIC %s) -> %s %s GPU %d" % (
+                        inst["host"], inst["name"], entry["gpu"], nics, dec["host"], dec["name"], dgpu),
+                    "prefill_host": inst["host"],
+                    "prefill_instance": inst["name"],
+                    "prefill_address": inst["address"],
+                    "gpu": entry["gpu"],
+                    "numa": entry["numa"],
+                    "nics": entry["nics"],
+                    "ucx_net_devices": inst.get("ucx_net_devices", ""),
+                    "decode_host": dec["host"],
+                    "decode_instance": dec["name"],
+                    "decode_gpu": dgpu,
+                    "decode_ucx_net_devices": dec.get("ucx_net_devices", ""),
+                    "port": int(base_port) + slot,
+                })
+    return paths
 
 
 def _mask(gpus):

@@ -85,6 +85,11 @@ options:
   host_label:
     description: Name used in messages (defaults to the host name); pass C(inventory_hostname).
     type: str
+  label:
+    description:
+      - Name of the path in messages and results, replacing the default C(host -> peer); the KV-path check
+        passes the prefill instance, its GPU and NIC and the decode side, so a failure names all of them.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -124,6 +129,19 @@ EXAMPLES = r"""
     min_bandwidth_gbps: 20
     host_label: "{{ inventory_hostname }}"
   when: inventory_hostname in groups['prefill']
+
+- name: Decode pulls GPU 4's blocks from a prefill instance through that instance's NICs
+  pdctl.vllm_pd.kv_path_check:
+    role: initiator
+    op: READ
+    mem: VRAM
+    gpu: 4
+    peer: 192.0.2.11
+    port: 5691
+    expect_rdma: true
+    min_bandwidth_gbps: 20
+    ucx_env: {UCX_NET_DEVICES: "mlx5_8:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"}
+    label: b300-prefill-0 prefill-1 GPU 4 (NIC mlx5_8) -> b300-decode-0 decode-0 GPU 4
 """
 
 RETURN = r"""
@@ -142,6 +160,11 @@ transports:
   type: list
   elements: str
   sample: [rc_mlx5/mlx5_0:1]
+label:
+  description: The path's name as used in messages (I(label), else C(host -> peer)).
+  returned: always
+  type: str
+  sample: b300-prefill-0 prefill-1 GPU 4 (NIC mlx5_8) -> b300-decode-0 decode-0 GPU 4
 transfer:
   description: The full worker result (role, mem, op, size_bytes, seconds, best_gbps, data_ok, agent, peer).
   returned: always
@@ -182,6 +205,7 @@ def build_module():
             ucx_env=dict(type="dict", default={}),
             python=dict(type="path", default="/opt/pdctl/venvs/current/bin/python"),
             host_label=dict(type="str"),
+            label=dict(type="str"),
         ),
         required_if=[("role", "initiator", ("peer",))],
         supports_check_mode=True,
@@ -206,6 +230,8 @@ def main():
     host = p["host_label"] or socket.gethostname()
     where = "%s -> %s" % (host, p["peer"]) if p["role"] == "initiator" else (
         "%s (listener)" % host if p["role"] == "listener" else "%s loopback" % host)
+    if p["label"]:
+        where = p["label"]
     if not os.path.exists(p["python"]):
         module.fail_json(msg="%s: interpreter %s not found, expected the serving venv's python (with nixl)"
                          % (host, p["python"]))
@@ -222,7 +248,7 @@ def main():
     except (OSError, ValueError):
         module.fail_json(msg="%s: NIXL transfer worker exited %d without a result: %s" % (where, rc, (err or out)[-2000:]),
                          rc=rc, stdout=out[-20000:], stderr=err[-20000:], failures=[], transfer={})
-    result = {"changed": False, "transfer": transfer}
+    result = {"changed": False, "transfer": transfer, "label": where}
     if p["role"] != "listener":
         blocks = parse_proto_info(out + "\n" + err)
         transports = transports_used(blocks, transfer.get("agent"), transfer.get("op") or p["op"],

@@ -1,4 +1,5 @@
-"""kv_path_check across lab hosts: a real NIXL DRAM transfer, prefill host -> decode host over the lab network."""
+"""kv_path_check across lab hosts: real NIXL DRAM READs by the decode host from every prefill instance's
+GPUs (one per socket) over the lab network, as decode pulls KV from prefill (issue 13 item 3)."""
 import json
 
 import pytest
@@ -9,8 +10,20 @@ from pdctl import runner
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
+READ_TASK = "Decode reads each prefill GPU's blocks (NIXL READ, as decode pulls KV)"
+LISTEN_DONE_TASK = "Prefill-side listeners finished cleanly"
+# The lab topology is production's: two TP1 DP4 prefill instances per prefill host (GPUs 0-3 on socket 0,
+# 4-7 on socket 1), one DP8 decode instance; the emulated B300 puts mlx5_0 by GPU 0 and mlx5_8 by GPU 4.
+PATHS = {
+    "lab-prefill-0 prefill-0 GPU 0 (NIC mlx5_0) -> lab-decode-0 decode-0 GPU 0": "10.89.64.11",
+    "lab-prefill-0 prefill-1 GPU 4 (NIC mlx5_8) -> lab-decode-0 decode-0 GPU 4": "10.89.64.11",
+    "lab-prefill-1 prefill-2 GPU 0 (NIC mlx5_0) -> lab-decode-0 decode-0 GPU 0": "10.89.64.12",
+    "lab-prefill-1 prefill-3 GPU 4 (NIC mlx5_8) -> lab-decode-0 decode-0 GPU 4": "10.89.64.12",
+}
+
 
 def module_results(result, task):
+    """{host: the task's final result} (a loop task's per-item results are under "results")."""
     out = {}
     for path in (result.artifact_dir / "job_events").glob("*.json"):
         event = json.loads(path.read_text())
@@ -20,24 +33,42 @@ def module_results(result, task):
     return out
 
 
-def test_each_prefill_host_moves_kv_to_decode_and_names_the_transport(converged_lab, lab):
+def test_decode_reads_from_every_prefill_instance_on_each_socket_and_names_the_transport(converged_lab, lab):
     result = runner.run_playbook("playbooks/verify_kv_path.yml", lab, envvars=LAB_ENV)
     assert result.ok, result.failures
-    res = module_results(result, "Each prefill host writes KV-sized blocks to the decode host")
-    assert set(res) == {"lab-prefill-0", "lab-prefill-1"}
-    for host, r in res.items():
-        assert r["transfer"]["data_ok"] and r["transfer"]["peer_address"] == "10.89.64.13"
-        assert r["bandwidth_gbps"] > 0.05
-        assert r["transports"] and all(t.startswith("tcp/") for t in r["transports"]), r["transports"]
-        print("%s -> lab-decode-0: %.3f GB/s via %s" % (host, r["bandwidth_gbps"], ", ".join(r["transports"])))
+    res = module_results(result, READ_TASK)
+    assert set(res) == {"lab-decode-0"}, set(res)  # decode is the initiator: it pulls
+    reads = {r["label"]: r for r in res["lab-decode-0"]["results"]}
+    assert set(reads) == set(PATHS)
+    for label, r in reads.items():
+        t = r["transfer"]
+        assert t["op"] == "READ" and t["mem"] == "DRAM" and t["data_ok"], label
+        assert t["peer_address"] == PATHS[label], (label, t["peer_address"])
+        # The lab's ConnectX NICs are emulated outside /sys: the path names its NIC without binding UCX to it.
+        assert "UCX_NET_DEVICES" not in t["ucx_env"], t["ucx_env"]
+        assert r["bandwidth_gbps"] > 0.05, (label, r["bandwidth_gbps"])
+        assert r["transports"] and all(x.startswith("tcp/") for x in r["transports"]), (label, r["transports"])
+        print("%s: %.3f GB/s via %s" % (label, r["bandwidth_gbps"], ", ".join(r["transports"])))
+    # Each prefill host served one listener per instance (a GPU on each socket), each saw its READs complete.
+    done = module_results(result, LISTEN_DONE_TASK)
+    assert set(done) == {"lab-prefill-0", "lab-prefill-1"}
+    for host, r in done.items():
+        items = r["results"]
+        assert len(items) == 2 and all(i["finished"] and i["transfer"]["data_ok"] for i in items), (host, items)
+        assert sorted(i["item"]["item"]["gpu"] for i in items) == [0, 4]
 
 
-def test_expecting_rdma_fails_on_a_tcp_path(converged_lab, tmp_path):
+def test_expecting_rdma_fails_each_tcp_path_naming_instance_gpu_nic_and_transport(converged_lab, tmp_path):
     inv = inventory_variant(tmp_path / "inv", {"group_vars/all": {"pdctl_kv_path_check": {
-        "mem": "DRAM", "size_mb": 16, "expect_rdma": True, "min_bandwidth_gbps": 0.01}}})
+        "mem": "DRAM", "size_mb": 16, "expect_rdma": True, "min_bandwidth_gbps": 0.01,
+        "gpus": "per_numa", "bind_nics": False}}})
     result = runner.run_playbook("playbooks/verify_kv_path.yml", inv, envvars=LAB_ENV)
     assert not result.ok
-    failed = {f["host"]: str(f["msg"]) for f in result.failures}
-    assert set(failed) == {"lab-prefill-0", "lab-prefill-1"}
-    for host, msg in failed.items():
-        assert host in msg and "tcp/eth0" in msg
+    assert {f["host"] for f in result.failures} == {"lab-decode-0"}, result.failures
+    res = module_results(result, READ_TASK)["lab-decode-0"]
+    msgs = {i["label"]: i["msg"] for i in res["results"]}
+    assert set(msgs) == set(PATHS)
+    for label, msg in msgs.items():
+        # instance, GPU and NIC (the label), then the transport UCX fell back to
+        assert msg.startswith(label + ": UCX chose tcp/"), msg
+        assert "tcp/eth0" in msg and "expected RDMA" in msg, msg

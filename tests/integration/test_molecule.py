@@ -27,7 +27,8 @@ def test_default_scenario_converges_every_role_of_every_scenario():
     default_roles = [r["role"] for r in _play(MOLECULE / "default" / "converge.yml")[0]["roles"]]
     missing = {s: sorted(set(roles) - set(default_roles)) for s, roles in roles_in.items()}
     assert not any(missing.values()), "roles of these scenarios are not in molecule/default: %s" % missing
-    site_order = ["host_base", "lab_hardware", "nvidia_driver", "nvidia_fabric", "cuda_toolkit", "rdma"]
+    # DOCA-OFED (rdma) before the fabric: NVLSM needs its mlx5_core and ib_umad (issue 13 item 7).
+    site_order = ["host_base", "lab_hardware", "nvidia_driver", "rdma", "nvidia_fabric", "cuda_toolkit"]
     assert default_roles == [r for r in site_order if r in default_roles], default_roles
 
 
