@@ -13,7 +13,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from pdctl import collection
+
+ROOT = collection.root()
 RULES = ROOT / "roles/monitoring/files/pdctl-rules.yml"
 DASHBOARD = ROOT / "roles/monitoring/files/pdctl-dashboard.json"
 

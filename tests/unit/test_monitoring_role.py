@@ -9,9 +9,9 @@ import jinja2
 import yaml
 
 import requires
-from pdctl import inventory
+from pdctl import collection, inventory
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = collection.root()
 ROLE = ROOT / "roles/monitoring"
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import yaml
 
 import requires
+from pdctl import collection
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = collection.root()
 RULES = ROOT / "roles/monitoring/files/pdctl-rules.yml"
 RULE_TESTS = ROOT / "tests/monitoring/pdctl-rules.test.yml"
 
