@@ -19,7 +19,7 @@ EXIT_INVALID = 2
 
 
 def add_parser(sub):
-    p = sub.add_parser("gate", help="rollout gates: accuracy smoke test and SLA latency gate")
+    p = sub.add_parser("gate", help="rollout gates: accuracy smoke test, SLA latency gate, soak (RSS leak, latency drift)")
     gsub = p.add_subparsers(dest="gate", required=True)
 
     a = gsub.add_parser("accuracy", help="AIME 2025 / GPQA Diamond / LongBench v2 smoke test through the router")
@@ -51,6 +51,19 @@ def add_parser(sub):
     s.add_argument("--capacity", action="store_true", help="also search the SLA capacity")
     s.add_argument("--capacity-max", type=int)
     s.set_defaults(func=_run_sla)
+
+    k = gsub.add_parser("soak", help="steady load for a while: RSS slope per 1,000 requests and latency drift")
+    _common(k)
+    k.add_argument("--instance", action="append", default=[], metavar="NAME=URL",
+                   help="an instance whose /metrics is sampled (repeatable; default: every planned instance)")
+    k.add_argument("--duration", type=float, dest="duration_s", help="seconds of load (default 180)")
+    k.add_argument("--warmup", type=float, dest="warmup_s", help="seconds excluded from the fits (default 20)")
+    k.add_argument("--concurrency", type=int)
+    k.add_argument("--sample-interval", type=float, dest="sample_interval_s")
+    k.add_argument("--max-rss-slope", type=float, dest="max_rss_slope_mb_per_1k", help="MB per 1,000 requests")
+    k.add_argument("--max-latency-drift", type=float, help="relative growth, e.g. 0.25")
+    k.add_argument("--api-key-env", default="PDCTL_API_KEY", help="environment variable holding the router's key")
+    k.set_defaults(func=_run_soak)
 
 
 def _common(p):
@@ -164,8 +177,47 @@ def _run_sla(args) -> int:
     return 0 if result["passed"] else EXIT_FAILED
 
 
+def _run_soak(args) -> int:
+    from pdctl.gates import report, soak
+
+    try:
+        url, cfg = _settings(args, "pdctl_gate_soak")
+        for key in ("duration_s", "warmup_s", "concurrency", "sample_interval_s", "max_rss_slope_mb_per_1k",
+                    "max_latency_drift", "model"):
+            if getattr(args, key, None) is not None:
+                cfg[key] = getattr(args, key)
+        if os.environ.get(args.api_key_env):
+            cfg["api_key"] = os.environ[args.api_key_env]
+        instances = []
+        for spec in args.instance:
+            name, _, inst_url = spec.partition("=")
+            if not inst_url:
+                raise ValueError("--instance wants NAME=URL, got %r" % spec)
+            instances.append({"name": name, "url": inst_url})
+        if not instances and args.inventory:
+            from pdctl import inventory
+
+            instances = [{"name": i["name"], "url": i["url"]} for i in inventory.plan(args.inventory)["instances"]]
+        if not instances:
+            raise ValueError("no instances to sample: give -i INVENTORY or --instance NAME=URL")
+        result = soak.run(url, instances, cfg)
+    except _input_errors() + (soak.SoakError,) as exc:
+        print("pdctl gate soak: %s" % exc, file=sys.stderr)
+        return EXIT_INVALID
+    files = report.write_soak(_outdir(args), result)
+    for name, i in result["instances"].items():
+        slope = "-" if i["rss_slope_mb_per_1k"] is None else "%.2f MB/1k requests (95%% CI %.2f to %.2f)" % (
+            i["rss_slope_mb_per_1k"], *i["rss_slope_ci95"])
+        print("%-10s %6d requests, RSS slope %s: %s" % (name, i["requests_served"], slope,
+                                                        "pass" if i["passed"] else "FAIL"))
+    for failure in result["failures"]:
+        print("  - %s" % failure, file=sys.stderr)
+    print("report: %s" % files["markdown"])
+    return 0 if result["passed"] else EXIT_FAILED
+
+
 def main(argv=None) -> int:
-    """`python -m pdctl.gates.cli accuracy|sla ...` (the same as `pdctl gate ...`)."""
+    """`python -m pdctl.gates.cli accuracy|sla|soak ...` (the same as `pdctl gate ...`)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="pdctl")

@@ -194,3 +194,76 @@ def _series(ax, x, y, err, limit, label):
     ax.set_ylabel(label)
     ax.set_ylim(bottom=0)
     ax.legend()
+
+
+# --- soak -----------------------------------------------------------------------------------------
+
+def write_soak(outdir, report: dict) -> dict:
+    outdir = Path(outdir)
+    files = {"json": outdir / "soak.json", "markdown": outdir / "soak.md"}
+    _write_json(files["json"], report)
+    files["markdown"].write_text(soak_markdown(report))
+    files["plot"] = soak_plot(outdir / "soak.png", report)
+    report["files"] = {k: str(v) for k, v in files.items()}
+    _write_json(files["json"], report)
+    return report["files"]
+
+
+def soak_markdown(report: dict) -> str:
+    s = report["settings"]
+    lines = ["# Soak gate: %s" % ("PASSED" if report["passed"] else "FAILED"), "",
+             "Router %s, model `%s`; %s s of steady load (warm-up %s s excluded) at concurrency %s; %d requests "
+             "(%d failed); RSS limit %g MB per 1,000 requests, latency drift limit %.0f%%." % (
+                 report["router_url"], report["model"], s["duration_s"], s["warmup_s"], s["concurrency"],
+                 report["requests"]["total"], report["requests"]["failed"], s["max_rss_slope_mb_per_1k"],
+                 100 * s["max_latency_drift"]),
+             "", "| instance | requests served | RSS start -> end MB | slope MB / 1k requests (95% CI) | verdict |",
+             "|---|---|---|---|---|"]
+    for name, i in report["instances"].items():
+        slope = ("%.2f (%.2f to %.2f)" % (i["rss_slope_mb_per_1k"], *i["rss_slope_ci95"])
+                 if i["rss_slope_mb_per_1k"] is not None else "-")
+        lines.append("| %s | %d | %s -> %s | %s | %s |" % (
+            name, i["requests_served"], _fmt(i["rss_start_mb"], "%.0f"), _fmt(i["rss_end_mb"], "%.0f"), slope,
+            "pass" if i["passed"] else "FAIL"))
+    d = report.get("latency_drift")
+    if d:
+        lines += ["", "Request latency: first third %.3f s (n=%d), last third %.3f s (n=%d): %+.1f%%, Welch t %.1f." % (
+            d["first_third_mean_s"], d["n_first"], d["last_third_mean_s"], d["n_last"], 100 * (d["relative"] or 0),
+            d["welch_t"])]
+    if report.get("failures"):
+        lines += ["", "## Failures", ""] + ["- %s" % f for f in report["failures"]]
+    return "\n".join(lines) + "\n"
+
+
+def soak_plot(path: Path, report: dict) -> Path:
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, inst in report["instances"].items():
+        pts = [(s["instances"][name]["finished"], s["instances"][name]["rss_bytes"]) for s in report["samples"]
+               if s["instances"][name].get("rss_bytes") is not None]
+        if not pts:
+            continue
+        xs = [f / 1000 for f, _ in pts]
+        line, = ax1.plot(xs, [r / 2**20 for _, r in pts], ".", label="%s%s" % (name, "" if inst["passed"] else " (FAIL)"))
+        if inst["rss_slope_mb_per_1k"] is not None:
+            fit = report["instances"][name]
+            ends = [min(xs), max(xs)]
+            ax1.plot(ends, [fit["rss_fit_intercept_mb"] + fit["rss_slope_mb_per_1k"] * x for x in ends], "-",
+                     color=line.get_color(), alpha=0.6)
+    ax1.set_xlabel("requests finished by the instance (thousands)")
+    ax1.set_ylabel("RSS (MB)")
+    ax1.set_title("RSS vs requests (slope: MB per 1,000)")
+    ax1.legend(fontsize=7)
+    log = report.get("request_log") or []
+    if log:
+        ax2.plot([r[0] for r in log], [1000 * r[1] for r in log], ".", markersize=2, alpha=0.5)
+    ax2.axvline(report["settings"]["warmup_s"], color="grey", linestyle=":", label="end of warm-up")
+    ax2.set_xlabel("time (s)")
+    ax2.set_ylabel("request latency (ms)")
+    ax2.set_title("Latency over the soak")
+    ax2.legend(fontsize=7)
+    fig.suptitle("Soak gate: %s" % ("passed" if report["passed"] else "FAILED"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

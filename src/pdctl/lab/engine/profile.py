@@ -20,6 +20,7 @@ DEFAULTS = {
         "crash_after_requests": 0,
         "refuse_side_channel": False,
         "leak_rss_mb_per_min": 0,
+        "leak_rss_mb_per_request": 0,
         "slow_start_s": 0,
     },
 }

@@ -325,6 +325,9 @@ class Engine:
 
     def finished_one(self) -> None:
         self.completed += 1
+        per_request = float(self.faults.get("leak_rss_mb_per_request") or 0)
+        if per_request > 0:  # the recipe's leak: memory kept per finished request, never released
+            self._leak.append(_touched(int(per_request * 1024 * 1024)))
         limit = int(self.faults.get("crash_after_requests") or 0)
         if limit and self.completed >= limit:
             log.error("fault injection: crash_after_requests=%d reached, exiting", limit)
@@ -343,9 +346,13 @@ class Engine:
         per_tick = int(rate * 1024 * 1024 / 60)  # one tick a second
         while True:
             await asyncio.sleep(1.0)
-            block = bytearray(per_tick)
-            block[::4096] = b"\x01" * len(range(0, per_tick, 4096))  # touch every page
-            self._leak.append(block)
+            self._leak.append(_touched(per_tick))
+
+
+def _touched(size: int) -> bytearray:
+    block = bytearray(size)
+    block[::4096] = b"\x01" * len(range(0, size, 4096))  # touch every page so it counts in RSS
+    return block
 
 
 # ---- HTTP layer ---------------------------------------------------------------------------
