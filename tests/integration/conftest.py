@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from collection_build import installed_collection  # noqa: F401  (a fixture)
 from inventories import ROOT
 from pdctl import runner
 

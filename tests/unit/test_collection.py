@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from collection_build import installed_collection  # noqa: F401  (a fixture)
 from inventories import ROOT
 
 ONLY_INSTALLED = {"ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false"}

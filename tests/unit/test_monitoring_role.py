@@ -3,7 +3,6 @@ target and passes `promtool check config`; the OS vars declare the packages the 
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import jinja2
 import yaml

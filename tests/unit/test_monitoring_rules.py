@@ -3,7 +3,6 @@ every alert both ways (a firing and a non-firing case)."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import yaml
 
