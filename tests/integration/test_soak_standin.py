@@ -12,7 +12,7 @@ from pdctl.lab import tokenizer
 
 pytestmark = [pytest.mark.slow]
 
-SETTINGS = ["--duration", "20", "--warmup", "4", "--sample-interval", "1", "--concurrency", "4",
+SETTINGS = ["--duration", "12", "--warmup", "3", "--sample-interval", "1", "--concurrency", "4",
             "--max-rss-slope", "20"]
 
 
