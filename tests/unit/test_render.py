@@ -99,7 +99,23 @@ def test_router_is_pd_with_every_planned_upstream(rendered):
     assert prefills == ["http://192.0.2.11:8100", "http://192.0.2.11:8101", "http://192.0.2.12:8100",
                         "http://192.0.2.12:8101"]
     assert [argv[i + 1] for i, w in enumerate(argv) if w == "--decode"] == ["http://192.0.2.13:8100"]
-    assert argv[argv.index("--api-key") + 1] == "${ROUTER_API_KEY}", "the key itself never enters the unit"
+    # No key on the command line (world-readable in /proc/*/cmdline): the router reads OPENAI_API_KEY
+    # from its 0600 environment file.
+    assert not [w for w in argv if "key" in w.lower()], argv
+    assert re.findall(r"^EnvironmentFile=(.*)$", text, re.M) == ["/etc/pdctl/router-secrets.env"]
+
+
+def test_router_takes_a_dead_upstream_out_within_seconds(rendered):
+    (text,) = units(rendered["b300"], "pdctl-router.service").values()
+    argv = exec_start(text)
+
+    def flag(name):
+        return float(argv[argv.index(name) + 1])
+    # vllm-router's defaults (a health check every 60 s) would send a crashed instance requests for a
+    # minute; the role's settings take it out within interval x threshold <= 3 s and retry elsewhere.
+    assert flag("--health-check-interval-secs") * flag("--health-failure-threshold") <= 3
+    assert flag("--retry-max-retries") >= 2
+    assert flag("--cb-failure-threshold") <= 3
 
 
 def test_lab_units_differ_only_in_engine_and_addresses(rendered):

@@ -7,6 +7,7 @@ explicit rlimits at or below the hard limits) instead of hard-coding them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import shutil
@@ -72,6 +73,18 @@ def _cgroup_v2_only() -> bool:
     return Path("/sys/fs/cgroup/cgroup.controllers").exists()
 
 
+UNIFIED_HIERARCHY = "/sys/fs/cgroup/unified"
+
+
+def _unified_hierarchy_mounted() -> bool:
+    """A cgroup v1 'hybrid' host: the cgroup2 hierarchy is mounted beside the v1 controllers."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == UNIFIED_HIERARCHY and " - cgroup2 " in line:
+            return True
+    return False
+
+
 def _has_capability(bit: int) -> bool:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("CapEff:"):
@@ -87,6 +100,12 @@ def container_options() -> list[str]:
         if not shutil.which("runc"):
             raise LabError("this machine uses cgroup v1 and needs the runc runtime: apt-get install runc")
         opts += ["--runtime", "runc"]
+        if _unified_hierarchy_mounted():
+            # systemd in the container learns that a unit's cgroup is empty only from the cgroup2
+            # hierarchy (cgroup.events); without it a crashed unit stays "deactivating" until its
+            # stop timeout and Restart= fires minutes late. The container sees the hierarchy at the
+            # same path as the host (no cgroup namespace), as it already sees name=systemd.
+            opts += ["-v", "%s:%s:rw" % (UNIFIED_HIERARCHY, UNIFIED_HIERARCHY)]
     if not _has_capability(CAP_SYS_RESOURCE):
         # Without CAP_SYS_RESOURCE runc cannot raise rlimits: ask for no more than the hard limits.
         for name, res_id, wanted in (("nofile", resource.RLIMIT_NOFILE, 16384), ("nproc", resource.RLIMIT_NPROC, 8192)):
@@ -111,10 +130,15 @@ def _container_state(name: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def _container_lab_dir(name: str) -> str:
-    res = run(["podman", "container", "inspect", "--format", '{{index .Config.Labels "io.pdctl.lab.dir"}}', name],
+def _container_label(name: str, label: str) -> str:
+    res = run(["podman", "container", "inspect", "--format", '{{index .Config.Labels "%s"}}' % label, name],
               check=False)
     return res.stdout.strip()
+
+
+def _options_label(opts: list[str]) -> str:
+    """What the container was started with: a host whose options differ is started anew."""
+    return hashlib.sha256("\0".join(opts).encode()).hexdigest()[:12]
 
 
 def _ensure_network():
@@ -157,8 +181,10 @@ def up(inventory_dir: Path | None = None) -> int:
         started = []
         for host in hosts:
             state = _container_state(host.name)
-            # A host started from another checkout trusts that checkout's key: start it anew.
-            if state == "running" and _container_lab_dir(host.name) == str(lab_dir()):
+            # A host started from another checkout trusts that checkout's key, and one started with
+            # other options lacks what this checkout needs: start it anew.
+            if (state == "running" and _container_label(host.name, "io.pdctl.lab.dir") == str(lab_dir())
+                    and _container_label(host.name, "io.pdctl.lab.options") == _options_label(opts)):
                 continue
             if state is not None:
                 run(["podman", "rm", "-f", host.name])
@@ -167,6 +193,7 @@ def up(inventory_dir: Path | None = None) -> int:
             model_volume.mkdir(parents=True, exist_ok=True)
             run(["podman", "run", "-d", "--name", host.name, "--hostname", host.name,
                  "--label", LABEL, "--label", "io.pdctl.lab.dir=%s" % lab_dir(),
+                 "--label", "io.pdctl.lab.options=%s" % _options_label(opts),
                  "--network", NETWORK, "--ip", host.address, "--systemd", "always",
                  *opts,
                  "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro,Z" % (key, ADMIN_USER),
