@@ -1,12 +1,12 @@
 """The stand-in's faults drive pdctl's own code on the lab, not only the stand-in: a slow start is
-waited out by the vllm role's readiness check. (The leak fault drives the soak gate:
+waited out by the vllm role's readiness check; a crashing instance (the stand-in's crash fault, or a
+`kill -9` of its main process) is restarted by its unit's Restart=on-failure while the router's health
+checks and retries keep every client request succeeding. (The leak fault drives the soak gate:
 tests/integration/test_soak_standin.py.)
 
-Not here yet: a crash (crash_after_requests) restarted by systemd while the router serves around it.
-Tried on the lab: the instance crashes as configured, but systemd inside the lab's containers (cgroup v1,
-no release agent) keeps the unit "deactivating" for 75-165 s after its main process exited, until it
-notices the engine-core processes gone, so Restart=on-failure fires minutes late. That is the lab's
-container, not the unit; the test needs a lab host where systemd sees its cgroups empty."""
+Systemd notices a crashed unit's empty cgroup through the cgroup2 hierarchy; on machines with cgroup v1
+(hybrid) the lab mounts it into the hosts (src/pdctl/lab/hosts.py), else Restart= fires minutes late."""
+import json
 import time
 
 import httpx
@@ -16,7 +16,8 @@ import yaml
 from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
-from test_serving import INSTANCES, on_host
+from streams import StreamLoad
+from test_serving import INSTANCES, ROUTER, api_key, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -62,3 +63,94 @@ def test_slow_start_is_waited_out_by_the_readiness_check(converged_lab, restore_
         port = on_host(FAULTY, "sh", "-c", "grep -o -- '--port [0-9]*' /etc/systemd/system/pdctl-vllm-%s.service"
                        % name).split()[-1]
         assert httpx.get("http://10.89.64.12:%s/health" % port, timeout=5).status_code == 200, name
+
+
+def unit_state(host, name):
+    out = on_host(host, "systemctl", "show", "-p", "MainPID", "-p", "NRestarts", "-p", "ActiveState",
+                  "pdctl-vllm-%s.service" % name)
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def wait_restarted(host, name, old_pid, timeout=90):
+    """Seconds until the unit runs a new main process that answers /health."""
+    port = on_host(host, "sh", "-c", "grep -o -- '--port [0-9]*' /etc/systemd/system/pdctl-vllm-%s.service"
+                   % name).split()[-1]
+    address = {"lab-prefill-0": "10.89.64.11", "lab-prefill-1": "10.89.64.12", "lab-decode-0": "10.89.64.13"}[host]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        state = unit_state(host, name)
+        if state["ActiveState"] == "active" and state["MainPID"] not in ("0", old_pid):
+            try:
+                if httpx.get("http://%s:%s/health" % (address, port), timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    raise AssertionError("%s on %s not back %ds after the crash: %s" % (name, host, timeout, unit_state(host, name)))
+
+
+def served_by(host, name):
+    """Requests this instance finished (its own counter)."""
+    port = on_host(host, "sh", "-c", "grep -o -- '--port [0-9]*' /etc/systemd/system/pdctl-vllm-%s.service"
+                   % name).split()[-1]
+    address = {"lab-prefill-0": "10.89.64.11", "lab-prefill-1": "10.89.64.12", "lab-decode-0": "10.89.64.13"}[host]
+    text = httpx.get("http://%s:%s/metrics" % (address, port), timeout=5,
+                     headers={"Authorization": "Bearer " + api_key()}).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_killed_prefill_instance_is_routed_around_and_restarted(converged_lab):
+    host, name = "lab-prefill-0", "prefill-0"
+    before = unit_state(host, name)
+    with StreamLoad(ROUTER, api_key(), clients=8) as load:
+        time.sleep(3)
+        on_host(host, "kill", "-9", before["MainPID"])
+        back_s = wait_restarted(host, name, before["MainPID"])
+        served = served_by(host, name)
+        time.sleep(4)  # the router takes it back after health_success_threshold checks
+    after = unit_state(host, name)
+    summary = load.summary()
+    print("kill -9 %s: %s, back in %.1f s" % (name, summary, back_s))
+    assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1, (before, after)
+    assert summary["requests"] >= 40, summary
+    assert summary["failed_requests"] == 0, summary
+    assert back_s < 30, "Restart=on-failure took %.1f s" % back_s
+    assert served_by(host, name) > served, "the router did not send the restarted instance requests again"
+
+
+def test_killed_decode_instance_fails_only_its_streams_and_comes_back(converged_lab):
+    """One decode instance: its in-flight streams are lost (counted), and serving resumes on its own."""
+    host, name = "lab-decode-0", "decode-0"
+    before = unit_state(host, name)
+    with StreamLoad(ROUTER, api_key(), clients=8) as load:
+        time.sleep(3)
+        killed_at = time.monotonic()
+        on_host(host, "kill", "-9", before["MainPID"])
+        back_s = wait_restarted(host, name, before["MainPID"])
+        time.sleep(5)
+    summary = load.summary()
+    late = [o for o in load.outcomes if o.start > killed_at + back_s + 3]
+    print("kill -9 %s: %s, back in %.1f s" % (name, summary, back_s))
+    (ROOT / "artifacts" / "faults").mkdir(parents=True, exist_ok=True)
+    (ROOT / "artifacts" / "faults" / "decode-kill.json").write_text(
+        json.dumps(dict(summary, back_s=round(back_s, 1))))
+    assert summary["failed_requests"] > 0, "killing the only decode instance failed nothing: was it killed?"
+    assert late and all(o.ok for o in late), "requests after the restart still fail: %s" % load.summary()
+
+
+def test_crash_fault_restarts_the_instances_while_the_router_serves_around_them(converged_lab, restore_engine,
+                                                                                tmp_path):
+    """The stand-in's crash fault (exit after N requests, as an engine dying mid-service) on FAULTY's two
+    instances: systemd restarts them, again and again, and no client request fails."""
+    result, _ = apply_vllm(faulty_inventory(tmp_path, "crash", {"crash_after_requests": 15}))
+    assert result.ok, result.failures
+    before = {n: unit_state(FAULTY, n) for n in INSTANCES[FAULTY]}
+    with StreamLoad(ROUTER, api_key(), clients=8) as load:
+        time.sleep(30)
+    summary = load.summary()
+    after = {n: unit_state(FAULTY, n) for n in INSTANCES[FAULTY]}
+    print("crash fault: %s, restarts %s" % (summary, {n: after[n]["NRestarts"] for n in after}))
+    for n in INSTANCES[FAULTY]:
+        assert int(after[n]["NRestarts"]) > int(before[n]["NRestarts"]), "%s never crashed and restarted" % n
+    assert summary["failed_requests"] == 0, summary
