@@ -29,6 +29,8 @@ class SigningError(RuntimeError):
 
 def _gpg(key_dir: Path, *args: str, **kw) -> subprocess.CompletedProcess:
     home = key_dir / "gnupg"
+    if not shutil.which("gpg"):
+        raise SigningError("gpg is not installed (scripts/bootstrap installs it; apt-get install gpg)")
     res = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--quiet", "--no-tty", *args],
                          capture_output=True, **kw)
     if res.returncode != 0:
@@ -114,9 +116,6 @@ def main(argv=None) -> int:
     s.add_argument("key_dir", type=Path)
     s.add_argument("repo_dir", type=Path)
     args = p.parse_args(argv)
-    if not shutil.which("gpg"):
-        print("gpg is not installed (apt-get install gpg)", file=sys.stderr)
-        return 1
     try:
         if args.action == "key":
             print("%s (public key: %s)" % (ensure_key(args.key_dir), os.path.join(args.key_dir, PUBLIC_ASC)))

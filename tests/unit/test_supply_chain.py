@@ -83,7 +83,7 @@ def test_a_key_from_another_store_does_not_verify(tmp_path, gpg):
 def test_apt_accepts_the_signed_repository_and_refuses_a_tampered_release(tmp_path, gpg):
     requires.binary("apt-get", "apt itself verifies the repository here (Debian/Ubuntu controller)")
     if os.geteuid() != 0:
-        pytest.skip("apt-get update with a private state directory runs as root")
+        requires.missing("root", "apt-get update with a private state directory runs as root")
     key_dir, repo = tmp_path / "key", _repo(tmp_path / "repo")
     apt_signing.sign(key_dir, repo)
     good = _apt_update(tmp_path, repo, key_dir / apt_signing.PUBLIC_ASC)
