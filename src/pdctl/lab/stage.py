@@ -2,7 +2,8 @@
 
 - secrets: the router API key and a Hub token (the lab's stand-ins for Ansible Vault entries);
 - the synthetic model, served by a Hub API stub on the lab network (the real Hub client code runs);
-- the wheelhouse: the engine stand-in built from this checkout, NIXL and vllm-router, with deps.
+- the wheelhouse: the engine stand-in built from this checkout, NIXL and vllm-router, with deps,
+  and a hash-pinned lock per venv (requirements-<set>.txt, see pdctl.wheelhouse).
 """
 from __future__ import annotations
 
@@ -103,12 +104,17 @@ def _build_engine_wheel(dest: Path) -> Path:
 def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
     hosts = inventory.load(inventory_dir, names=("pdctl_engine", "pdctl_versions"))
     hv = next(iter(hosts.values()))["vars"]
-    requirements = [r for r in hv["pdctl_engine"]["packages"] if not r.startswith(ENGINE_DIST)]
-    requirements.append("vllm-router==%s" % hv["pdctl_versions"]["vllm_router"])
+    engine = list(hv["pdctl_engine"]["packages"])
+    router = ["vllm-router==%s" % hv["pdctl_versions"]["vllm_router"]]
+    requirements = [r for r in engine if not r.startswith(ENGINE_DIST)] + router
     no_deps = list(hv["pdctl_engine"].get("packages_no_deps") or [])
+    # One hash-pinned lock per venv, named as the roles ask for it (vllm-<release>, router-<release>).
+    locks = {"vllm-%s" % hv["pdctl_versions"]["vllm"]: (engine, no_deps),
+             "router-%s" % hv["pdctl_versions"]["vllm_router"]: (router, [])}
     engine_src = sorted((collection.root() / "src/pdctl/lab/engine").rglob("*.py")) + [
         collection.root() / "src/pdctl/lab/tokenizer.py", collection.root() / "pyproject.toml", Path(wheelhouse.__file__)]
-    key = hashlib.sha256(("\0".join(requirements + no_deps) + _digest(*engine_src)).encode()).hexdigest()[:12]
+    key = hashlib.sha256(("\0".join(engine + requirements + no_deps + sorted(locks))
+                          + _digest(*engine_src)).encode()).hexdigest()[:12]
     cache = image.cache_dir() / ("wheels-" + key)
     if not (cache / ".complete").exists():
         t0 = time.monotonic()
@@ -116,6 +122,8 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
         wheelhouse.download([str(_build_engine_wheel(cache))] + requirements, cache)
         if no_deps:
             wheelhouse.download(no_deps, cache, no_deps=True)
+        for name, (reqs, reqs_no_deps) in sorted(locks.items()):
+            wheelhouse.write_lock(cache, name, reqs, reqs_no_deps)
         (cache / ".complete").write_text("\n".join(requirements) + "\n")
         print("lab: staged %d wheels in %.1fs" % (len(list(cache.glob("*.whl"))), time.monotonic() - t0), flush=True)
     target = lab_dir / "store" / "wheels"
