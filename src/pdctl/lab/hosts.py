@@ -7,6 +7,7 @@ explicit rlimits at or below the hard limits) instead of hard-coding them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import shutil
@@ -25,6 +26,10 @@ ADMIN_USER = "pdctl-admin"
 LABEL = "io.pdctl.lab=1"
 CAP_SYS_RESOURCE = 24
 MODEL_MOUNT = "/mnt/model"
+# What the hosts need beyond the machine's quirks: NET_ADMIN for nftables (roles/firewall) in the
+# container's own network namespace.
+HOST_OPTIONS = ["--cap-add", "NET_ADMIN"]
+OPTIONS_LABEL = "io.pdctl.lab.options"
 
 
 @dataclass
@@ -111,10 +116,20 @@ def _container_state(name: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def _container_lab_dir(name: str) -> str:
-    res = run(["podman", "container", "inspect", "--format", '{{index .Config.Labels "io.pdctl.lab.dir"}}', name],
+def _container_label(name: str, label: str) -> str:
+    res = run(["podman", "container", "inspect", "--format", '{{index .Config.Labels "%s"}}' % label, name],
               check=False)
     return res.stdout.strip()
+
+
+def _container_lab_dir(name: str) -> str:
+    return _container_label(name, "io.pdctl.lab.dir")
+
+
+def options_digest(opts: list[str]) -> str:
+    """Fingerprint of the options a host container runs with: a running host started with other
+    options (e.g. before a capability was added) is started anew."""
+    return hashlib.sha256("\0".join(opts).encode()).hexdigest()[:12]
 
 
 def _ensure_network():
@@ -145,7 +160,7 @@ def up(inventory_dir: Path | None = None) -> int:
             if not shutil.which(tool):
                 raise LabError("%s is not installed (run scripts/bootstrap)" % tool)
         hosts = lab_hosts(inventory_dir)
-        opts = container_options()
+        opts = container_options() + HOST_OPTIONS
         step("container options for this machine: %s" % (" ".join(opts) or "none needed"))
         key = _ssh_key()
         timings = {}
@@ -154,11 +169,14 @@ def up(inventory_dir: Path | None = None) -> int:
         timings["image"] = time.monotonic() - t
         _ensure_network()
         known_hosts = lab_dir() / "ssh" / "known_hosts"
+        digest = options_digest(opts)
         started = []
         for host in hosts:
             state = _container_state(host.name)
-            # A host started from another checkout trusts that checkout's key: start it anew.
-            if state == "running" and _container_lab_dir(host.name) == str(lab_dir()):
+            # A host started from another checkout trusts that checkout's key, and one started with other
+            # options lacks what the roles rely on (a capability): start it anew.
+            if (state == "running" and _container_lab_dir(host.name) == str(lab_dir())
+                    and _container_label(host.name, OPTIONS_LABEL) == digest):
                 continue
             if state is not None:
                 run(["podman", "rm", "-f", host.name])
@@ -167,6 +185,7 @@ def up(inventory_dir: Path | None = None) -> int:
             model_volume.mkdir(parents=True, exist_ok=True)
             run(["podman", "run", "-d", "--name", host.name, "--hostname", host.name,
                  "--label", LABEL, "--label", "io.pdctl.lab.dir=%s" % lab_dir(),
+                 "--label", "%s=%s" % (OPTIONS_LABEL, digest),
                  "--network", NETWORK, "--ip", host.address, "--systemd", "always",
                  *opts,
                  "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro,Z" % (key, ADMIN_USER),
