@@ -299,7 +299,7 @@ def allowed(host_rules, port, source):
         if not address_in_networks(source, rule["sources"]):
             continue
         for span in rule["ports"]:
-            lo, _, hi = span.partition("-")
+            lo, dummy, hi = span.partition("-")
             if int(lo) <= int(port) <= int(hi or lo):
                 names.append(rule["name"])
     return names
