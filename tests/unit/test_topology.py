@@ -144,8 +144,11 @@ def test_every_problem_is_reported_at_once():
 
 
 def _lab_hosts(**groups):
-    """The lab inventory as the planner reads it, with hosts added to groups ({group: [host, ...]})."""
+    """The lab inventory as the planner reads it without its frontdoor group (the planner's default), with
+    hosts added to groups ({group: [host, ...]})."""
     hosts = inventory.load(ROOT / "inventories/lab")
+    for host in hosts.values():
+        host["groups"] = [g for g in host["groups"] if g != "frontdoor"]
     for group, members in groups.items():
         for host in members:
             hosts[host]["groups"].append(group)
@@ -174,6 +177,13 @@ def test_two_routers_are_accepted_and_listen_on_their_addresses():
     assert plan["frontdoor"]["hosts"] == ["lab-decode-0", "lab-prefill-0"]
     assert plan["frontdoor"]["addresses"] == ["10.89.64.13", "10.89.64.11"]
     assert plan["frontdoor"]["url"] == "https://10.89.64.13:8443"
+
+
+def test_with_the_front_door_on_one_of_two_routers_that_router_alone_listens_on_loopback():
+    plan = topology.build_plan(_lab_hosts(router=["lab-prefill-0"], frontdoor=["lab-decode-0"]))
+    assert plan["frontdoor"]["hosts"] == ["lab-decode-0"]
+    assert [(r["host"], r["url"]) for r in plan["routers"]] == [
+        ("lab-decode-0", "http://127.0.0.1:8000"), ("lab-prefill-0", "http://10.89.64.11:8000")]
 
 
 def test_frontdoor_group_on_a_host_of_its_own():

@@ -1,6 +1,8 @@
 """What `pdctl lab up` stages on the controller for the lab hosts, besides the apt repository.
 
-- secrets: the router API key and a Hub token (the lab's stand-ins for Ansible Vault entries);
+- secrets: the router API key, a Hub token and the front door's clients (the lab's stand-ins for
+  Ansible Vault entries);
+- TLS: a lab CA and a server certificate for the front-door hosts (.lab/tls, see pdctl.lab.tls);
 - the synthetic model, served by a Hub API stub on the lab network (the real Hub client code runs);
 - the wheelhouse: the engine stand-in built from this checkout, NIXL and vllm-router, with deps,
   and a hash-pinned lock per venv (requirements-<set>.txt, see pdctl.wheelhouse).
@@ -18,7 +20,7 @@ import tomllib
 from pathlib import Path
 
 from pdctl import collection, inventory, wheelhouse
-from pdctl.lab import daemon, image
+from pdctl.lab import daemon, image, tls
 
 HUB_PORT = 8781
 MODEL_SIZE_MB = 1024
@@ -43,6 +45,14 @@ def ensure_secrets(lab_dir: Path) -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as fh:
                 fh.write(prefix + secrets.token_urlsafe(24))
+    # The front door's named clients (pdctl_frontdoor_clients); the lab inventory revokes `revoked`.
+    path = d / "clients.yml"
+    if not path.exists():
+        clients = [{"name": name, "key": "lab-%s-%s" % (name, secrets.token_urlsafe(24))}
+                   for name in ("gates", "tester", "revoked")]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(clients, fh)  # JSON is YAML: the inventory reads it with from_yaml
 
 
 # -- model ---------------------------------------------------------------------------------------
@@ -190,6 +200,7 @@ def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> dict[str, float]
     """Stage everything; return the seconds each step took."""
     timings = {}
     for name, step in (("secrets", lambda: ensure_secrets(lab_dir)),
+                       ("tls", lambda: tls.ensure(lab_dir, inventory_dir)),
                        ("wheelhouse", lambda: ensure_wheels(lab_dir, inventory_dir)),
                        ("model", lambda: ensure_model(lab_dir, bind)),
                        ("gate_inputs", lambda: ensure_gate_inputs(lab_dir, inventory_dir))):
