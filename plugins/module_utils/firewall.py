@@ -232,9 +232,11 @@ def rules(plan, inputs):
         for inst in (i for i in instances if i["host"] == host):
             peers = pool_hosts[other_pool[inst["pool"]]]
             ruleset.append(_port_rule(
-                "%s api" % inst["name"], "%s's API from the router hosts (%s), the instance's own host and "
-                "Prometheus" % (inst["name"], ", ".join(router_hosts)),
-                [inst["api_port"]], of(router_hosts) + own + (of([monitoring_host]) if monitoring_host else [])))
+                # The admin networks too: operators read an instance's /metrics and run the soak gate
+                # from the controller (the instance key still guards /v1); an outsider gets nothing.
+                "%s api" % inst["name"], "%s's API from the router hosts (%s), the instance's own host, "
+                "Prometheus and the admin networks" % (inst["name"], ", ".join(router_hosts)),
+                [inst["api_port"]], of(router_hosts) + own + monitors))
             ruleset.append(_port_rule(
                 "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the %s hosts (%s)"
                 % (inst["name"], other_pool[inst["pool"]], ", ".join(peers)),
