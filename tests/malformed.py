@@ -23,11 +23,13 @@ CASES = [
      [P1, "prefill-2 NIXL side-channel range 5600-5603 overlaps prefill-3 NIXL side-channel range 5602-5605"]),
     ("rpc-port-vs-router",
      {"host_vars/" + D0: {"pdctl_ports": {"api_base": 8100, "side_channel_base": 5600, "dp_rpc_base": 13345,
-                                          "router": 13345, "router_metrics": 29000}}},
+                                          "router": 13345, "router_metrics": 29000,
+                                          "frontdoor": 8443, "frontdoor_metrics": 8405}}},
      [D0, "decode-0 DP RPC port 13345 overlaps router port 13345"]),
     ("router-metrics-vs-api",
      {"host_vars/" + D0: {"pdctl_ports": {"api_base": 8100, "side_channel_base": 5600, "dp_rpc_base": 13345,
-                                          "router": 8000, "router_metrics": 8100}}},
+                                          "router": 8000, "router_metrics": 8100,
+                                          "frontdoor": 8443, "frontdoor_metrics": 8405}}},
      [D0, "decode-0 API port 8100 overlaps router metrics port 8100"]),
     ("prefill-tp-above-decode",
      {"group_vars/prefill": {"pdctl_pools": {"prefill": {"tensor_parallel_size": 2, "data_parallel_size": 2},
@@ -54,13 +56,12 @@ CASES = [
     ("pool-on-wrong-host",
      {"host_vars/" + D0: {"pdctl_instances": [{"pool": "decode"}, {"pool": "prefill", "gpus": "0-3"}]}},
      [D0, "a prefill instance on a host that is not in the prefill group"]),
-    ("two-routers",
+    ("no-router",
      {"hosts": {"all": {"children": {
          "serving": {"children": {"prefill": {"hosts": {P0: {"ansible_host": "10.89.64.11"},
                                                         P1: {"ansible_host": "10.89.64.12"}}},
-                                  "decode": {"hosts": {D0: {"ansible_host": "10.89.64.13"}}}}},
-         "router": {"hosts": {D0: None, P0: None}}}}}},
-     ["router group must hold exactly one host, found 2"]),
+                                  "decode": {"hosts": {D0: {"ansible_host": "10.89.64.13"}}}}}}}}},
+     ["router group must hold at least one host, found none"]),
     ("port-not-a-number",
      {"host_vars/" + P0: {"pdctl_instances": [{"pool": "prefill", "api_port": "eighty"}, {"pool": "prefill"}]}},
      [P0, "api_port must be an integer, found 'eighty'"]),
@@ -69,7 +70,8 @@ CASES = [
 CASES.append(
     ("check-port-vs-side-channel",
      {"host_vars/" + D0: {"pdctl_ports": {"api_base": 8100, "side_channel_base": 5600, "dp_rpc_base": 13345,
-                                          "router": 8000, "router_metrics": 29000, "kv_path_check": 5605}}},
+                                          "router": 8000, "router_metrics": 29000, "kv_path_check": 5605,
+                                          "frontdoor": 8443, "frontdoor_metrics": 8405}}},
      [D0, "decode-0 NIXL side-channel range 5600-5607 overlaps kv_path_check port 5605"]))
 
 # Shapes Ansible merges without a word (a host's variables come from every group it is in).
@@ -95,4 +97,26 @@ CASES += [
      {"group_vars/decode": {"pdctl_pools": {"prefill": {"tensor_parallel_size": 1, "data_parallel_size": 4},
                                             "decode": {"tensor_parallel": 1, "data_parallel_size": 8}}}},
      [D0, "pdctl_pools.decode has unknown keys tensor_parallel"]),
+]
+
+# The front door (issue 14): its ports join the clash check on its hosts; its hosts share one port.
+_PORTS = {"api_base": 8100, "side_channel_base": 5600, "dp_rpc_base": 13345, "router": 8000, "router_metrics": 29000}
+CASES += [
+    ("frontdoor-port-vs-router",
+     {"host_vars/" + D0: {"pdctl_ports": dict(_PORTS, frontdoor=8000, frontdoor_metrics=8405)}},
+     [D0, "router port 8000 overlaps front door port 8000"]),
+    ("frontdoor-metrics-vs-api",
+     {"host_vars/" + D0: {"pdctl_ports": dict(_PORTS, frontdoor=8443, frontdoor_metrics=8100)}},
+     [D0, "decode-0 API port 8100 overlaps front door metrics port 8100"]),
+    ("frontdoor-port-missing",
+     {"host_vars/" + D0: {"pdctl_ports": _PORTS}},
+     [D0, "pdctl_ports.frontdoor is not set", "pdctl_ports.frontdoor_metrics is not set"]),
+    ("frontdoor-hosts-disagree",
+     {"hosts": {"all": {"children": {
+         "serving": {"children": {"prefill": {"hosts": {P0: _HOSTS[P0], P1: _HOSTS[P1]}},
+                                  "decode": {"hosts": {D0: _HOSTS[D0]}}}},
+         "router": {"hosts": {D0: None}},
+         "frontdoor": {"hosts": {D0: None, P0: None}}}}},
+      "host_vars/" + P0: {"pdctl_ports": dict(_PORTS, frontdoor=9443, frontdoor_metrics=8405)}},
+     ["front-door hosts disagree on pdctl_ports.frontdoor", "8443 on " + D0, "9443 on " + P0]),
 ]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import hwprofile, serving, topology
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import firewall, hwprofile, serving, topology
 
 
 def plan(hostvars, groups):
@@ -22,6 +24,23 @@ def plan(hostvars, groups):
         return {"plan": topology.build_plan(hosts), "errors": []}
     except topology.PlanError as exc:
         return {"plan": None, "errors": exc.problems}
+
+
+def firewall_rules(plan, hostvars, settings):
+    """{host: [rule, ...]}: the inbound flows each host accepts (firewall.rules). settings holds the
+    inputs of firewall.rules but the addresses, which come from each covered host's variables."""
+    inputs = dict(settings or {})
+    hosts = firewall.firewall_hosts(plan, inputs.get("monitoring_host"))
+    inputs["addresses"] = {h: firewall.host_addresses(hostvars[h] if h in hostvars else {}) for h in hosts}
+    try:
+        return firewall.rules(plan, inputs)
+    except firewall.FirewallError as exc:
+        raise AnsibleFilterError("firewall rules: %s" % "; ".join(exc.problems)) from exc
+
+
+def address_in_networks(address, networks):
+    """True when address lies in one of the networks (CIDR list)."""
+    return firewall.address_in_networks(address, networks)
 
 
 def kv_nics(profile_overrides):
@@ -55,6 +74,8 @@ class FilterModule:
     def filters(self):
         return {
             "plan": plan,
+            "firewall_rules": firewall_rules,
+            "address_in_networks": address_in_networks,
             "mount_of": mount_of,
             "kv_nics": kv_nics,
             "kv_check_paths": kv_check_paths,

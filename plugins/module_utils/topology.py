@@ -11,13 +11,16 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
   pdctl_gpu_count          int, GPUs on the host
   pdctl_instances          list of {pool, [name], [gpus], [api_port], [side_channel_port], [dp_rpc_port]}
   pdctl_pools              {pool: {tensor_parallel_size, data_parallel_size}}
-  pdctl_ports              {api_base, side_channel_base, dp_rpc_base, router, router_metrics}
+  pdctl_ports              {api_base, side_channel_base, dp_rpc_base, router, router_metrics,
+                            frontdoor, frontdoor_metrics (front-door hosts only)}
   pdctl_model_path         served model directory
   pdctl_versions.vllm      vLLM release the host runs
   pdctl_advertise_address  routable address (defaults to ansible_host, then the host name)
   pdctl_hw_profile         expected hardware, overrides of the HGX B300 default (docs/hardware-profile.md):
                            each instance's KV NICs and CPUs follow its GPUs (place_on_hardware)
-Hosts in the `router` group run the P/D router on pdctl_ports.router / router_metrics.
+Hosts in the `router` group (one or more) run the P/D router on pdctl_ports.router / router_metrics.
+Hosts in the `frontdoor` group (default: the router hosts) run the front door (HAProxy) on
+pdctl_ports.frontdoor / frontdoor_metrics and balance across every router.
 """
 from __future__ import annotations
 
@@ -29,14 +32,21 @@ from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import (
 KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
 INSTANCE_KEYS = ("pool", "name", "gpus", "api_port", "side_channel_port", "dp_rpc_port")
-PLANNED_PORT_KEYS = ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics")
+PLANNED_PORT_KEYS = ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics",
+                     "frontdoor", "frontdoor_metrics")
+# Every host needs these; front-door hosts also need FRONTDOOR_PORT_KEYS.
+HOST_PORT_KEYS = PLANNED_PORT_KEYS[:5]
+FRONTDOOR_PORT_KEYS = ("frontdoor", "frontdoor_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile")
 ROUTER_GROUP = "router"
+FRONTDOOR_GROUP = "frontdoor"
+# The router listens here when the front door is on its own host and nowhere else.
+LOOPBACK = "127.0.0.1"
 # Groups the planner gives a meaning to; `serving` is the parent of the pools. A host in any other
 # group is refused unless the inventory names that group in pdctl_extra_groups (site groupings).
-KNOWN_GROUPS = KNOWN_POOLS + (ROUTER_GROUP, "serving", "ungrouped")
+KNOWN_GROUPS = KNOWN_POOLS + (ROUTER_GROUP, FRONTDOOR_GROUP, "serving", "ungrouped")
 
 
 class PlanError(Exception):
@@ -108,10 +118,10 @@ def _pool_settings(host, hostvars, pool, problems):
     return tp, dp
 
 
-def _port_table(hostvars, host, problems):
+def _port_table(hostvars, host, problems, keys=HOST_PORT_KEYS):
     ports = hostvars.get("pdctl_ports") or {}
     out = {}
-    for key in ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics"):
+    for key in keys:
         if key not in ports:
             problems.append("%s: pdctl_ports.%s is not set" % (host, key))
             continue
@@ -130,8 +140,10 @@ def _extra_port_claims(hostvars, host, problems):
     return claims
 
 
-def _plan_host(host, hostvars, groups, counters, problems):
-    """Place the host's instances on its GPUs and ports; return instance dicts."""
+def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
+    """Place the host's instances on its GPUs and ports; return instance dicts.
+
+    frontdoor: the host runs the front door, so its ports join the host's clash check."""
     raw = hostvars.get("pdctl_instances") or []
     if not isinstance(raw, list):
         problems.append("%s: pdctl_instances must be a list, found %s" % (host, type(raw).__name__))
@@ -209,7 +221,14 @@ def _plan_host(host, hostvars, groups, counters, problems):
             "vllm_version": vllm_version,
             "unit": "pdctl-vllm-%s.service" % name,
         })
-    _check_host_clashes(host, instances, ports if ROUTER_GROUP in groups else None,
+    service_claims = []
+    if ROUTER_GROUP in groups:
+        service_claims += [(ports["router"], "router port"), (ports["router_metrics"], "router metrics port")]
+    if frontdoor:
+        fd = _port_table(hostvars, host, [], FRONTDOOR_PORT_KEYS)  # _plan_frontdoor reports its problems
+        if None not in fd.values() and len(fd) == len(FRONTDOOR_PORT_KEYS):
+            service_claims += [(fd["frontdoor"], "front door port"), (fd["frontdoor_metrics"], "front door metrics port")]
+    _check_host_clashes(host, instances, [(p, p, who) for p, who in service_claims] +
                         _extra_port_claims(hostvars, host, problems), problems)
     return instances
 
@@ -306,7 +325,7 @@ def _mask(gpus):
     return ",".join(str(g) for g in gpus)
 
 
-def _check_host_clashes(host, instances, router_ports, extra_claims, problems):
+def _check_host_clashes(host, instances, extra_claims, problems):
     # GPU overlap between instances on one host.
     owner = {}
     for inst in instances:
@@ -321,9 +340,6 @@ def _check_host_clashes(host, instances, router_ports, extra_claims, problems):
         lo, hi = inst["side_channel_ports"]
         claims.append((lo, hi, "%s NIXL side-channel range" % inst["name"]))
         claims.append((inst["dp_rpc_port"], inst["dp_rpc_port"], "%s DP RPC port" % inst["name"]))
-    if router_ports is not None:
-        claims.append((router_ports["router"], router_ports["router"], "router port"))
-        claims.append((router_ports["router_metrics"], router_ports["router_metrics"], "router metrics port"))
     claims.extend(extra_claims)
     for i, (lo_a, hi_a, who_a) in enumerate(claims):
         if not 1 <= lo_a <= hi_a <= 65535:
@@ -355,8 +371,9 @@ def _check_groups(host, groups, hostvars, problems):
                         "groups in pdctl_extra_groups)" % (host, "s" if len(unknown) > 1 else "",
                                                            ", ".join(unknown), ", ".join(KNOWN_GROUPS[:4])))
         return False
-    if not groups & (set(KNOWN_POOLS) | {ROUTER_GROUP}):
-        problems.append("%s is in none of the prefill, decode and router groups: it would serve nothing" % host)
+    if not groups & (set(KNOWN_POOLS) | {ROUTER_GROUP, FRONTDOOR_GROUP}):
+        problems.append("%s is in none of the prefill, decode, router and frontdoor groups: it would serve nothing"
+                        % host)
         return False
     return True
 
@@ -370,6 +387,13 @@ def build_plan(hosts):
     problems = []
     if not isinstance(hosts, dict) or not hosts:
         raise PlanError(["the inventory has no hosts"])
+
+    def in_group(group):
+        return sorted((h for h in hosts if group in (hosts[h].get("groups") or [])), key=_natural_key)
+
+    routers = in_group(ROUTER_GROUP)
+    # Without a frontdoor group the front door runs beside each router.
+    frontdoors = in_group(FRONTDOOR_GROUP) or routers
     counters = {pool: 0 for pool in KNOWN_POOLS}
     instances = []
     seen_addresses = {}
@@ -382,7 +406,7 @@ def build_plan(hosts):
         if address in seen_addresses:
             problems.append("duplicate host: %s and %s both point at %s" % (seen_addresses[address], host, address))
         seen_addresses.setdefault(address, host)
-        instances.extend(_plan_host(host, hostvars, groups, counters, problems))
+        instances.extend(_plan_host(host, hostvars, groups, counters, problems, frontdoor=host in frontdoors))
 
     by_pool = {pool: [i for i in instances if i["pool"] == pool] for pool in KNOWN_POOLS}
     for pool in KNOWN_POOLS:
@@ -407,31 +431,68 @@ def build_plan(hosts):
 
     place_on_hardware(instances, hosts, problems)
 
-    routers = sorted((h for h in hosts if ROUTER_GROUP in (hosts[h].get("groups") or [])), key=_natural_key)
-    if len(routers) != 1:
-        problems.append("the %s group must hold exactly one host, found %d (%s)"
-                        % (ROUTER_GROUP, len(routers), ", ".join(routers) or "none"))
+    if not routers:
+        problems.append("the %s group must hold at least one host, found none" % ROUTER_GROUP)
+    frontdoor = _plan_frontdoor(hosts, frontdoors, problems)
     if problems:
         raise PlanError(problems)
 
-    router_host = routers[0]
-    router_vars = hosts[router_host].get("vars") or {}
-    router_ports = router_vars["pdctl_ports"]
-    router = {
-        "host": router_host,
-        "address": host_address(router_host, router_vars),
-        "port": int(router_ports["router"]),
-        "metrics_port": int(router_ports["router_metrics"]),
-        "url": "http://%s:%d" % (host_address(router_host, router_vars), int(router_ports["router"])),
+    router_list = [_plan_router(host, hosts[host].get("vars") or {}, frontdoors, by_pool) for host in routers]
+    return {
+        "instances": instances,
+        "router": router_list[0],
+        "routers": router_list,
+        "frontdoor": frontdoor,
+        "model_path": instances[0]["model_path"],
+        "vllm_version": instances[0]["vllm_version"],
+        "hosts": sorted({i["host"] for i in instances} | set(routers) | set(frontdoors), key=_natural_key),
+    }
+
+
+def _plan_router(host, hostvars, frontdoors, by_pool):
+    """One router: where it listens (bind) and the URL the front door reaches it on."""
+    address = host_address(host, hostvars)
+    ports = hostvars["pdctl_ports"]
+    # Loopback only when the front door is on this host and nowhere else: then no other host
+    # ever needs the router port.
+    bind = LOOPBACK if frontdoors == [host] else address
+    return {
+        "host": host,
+        "address": address,
+        "port": int(ports["router"]),
+        "metrics_port": int(ports["router_metrics"]),
+        "bind": bind,
+        "url": "http://%s:%d" % (bind, int(ports["router"])),
         "prefill_urls": [i["url"] for i in by_pool["prefill"]],
         "decode_urls": [i["url"] for i in by_pool["decode"]],
     }
+
+
+def _plan_frontdoor(hosts, frontdoors, problems):
+    """The front door: its hosts, their addresses and the one port pair they all listen on."""
+    if not frontdoors:
+        return None
+    found = {}
+    for host in frontdoors:
+        table = _port_table(hosts[host].get("vars") or {}, host, problems, FRONTDOOR_PORT_KEYS)
+        for key in FRONTDOOR_PORT_KEYS:
+            found.setdefault(key, {}).setdefault(table.get(key), []).append(host)
+    ports = {}
+    for key, values in found.items():
+        if len(values) > 1:
+            # Clients and the monitoring get one port; hosts that disagree would split them.
+            problems.append("front-door hosts disagree on pdctl_ports.%s: %s" % (key, "; ".join(
+                "%s on %s" % (value, ", ".join(where)) for value, where in sorted(values.items(), key=str))))
+        ports[key] = next(iter(values))
+    if None in ports.values():
+        return None  # reported above
+    addresses = [host_address(h, hosts[h].get("vars") or {}) for h in frontdoors]
     return {
-        "instances": instances,
-        "router": router,
-        "model_path": instances[0]["model_path"],
-        "vllm_version": instances[0]["vllm_version"],
-        "hosts": sorted({i["host"] for i in instances} | {router_host}, key=_natural_key),
+        "hosts": list(frontdoors),
+        "addresses": addresses,
+        "port": ports["frontdoor"],
+        "metrics_port": ports["frontdoor_metrics"],
+        "url": "https://%s:%d" % (addresses[0], ports["frontdoor"]),
     }
 
 
@@ -453,7 +514,7 @@ def instances_on(plan, host):
 
 
 def format_table(plan):
-    """Human-readable plan, one row per serving instance, then the router."""
+    """Human-readable plan, one row per serving instance, then the front door and the routers."""
     header = ("INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL SIDE CHANNEL", "DP RPC", "NUMA", "KV NICS")
     rows = [header]
     for i in plan["instances"]:
@@ -464,9 +525,13 @@ def format_table(plan):
                      ",".join(str(n) for n in i.get("numa_nodes", [])) or "-", ",".join(i.get("nics", [])) or "-"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip() for row in rows]
-    r = plan["router"]
     lines.append("")
-    lines.append("router: %s on %s (metrics :%d)" % (r["url"], r["host"], r["metrics_port"]))
+    fd = plan.get("frontdoor")
+    if fd:
+        lines.append("front door: %s on %s (metrics :%d)" % (fd["url"], ", ".join(fd["hosts"]), fd["metrics_port"]))
+    for r in plan.get("routers") or [plan["router"]]:
+        lines.append("router: %s on %s (metrics :%d)" % (r["url"], r["host"], r["metrics_port"]))
+    r = plan["router"]
     lines.append("  prefill upstreams: %s" % " ".join(r["prefill_urls"]))
     lines.append("  decode upstreams:  %s" % " ".join(r["decode_urls"]))
     lines.append("model: %s   vLLM: %s" % (plan["model_path"], plan["vllm_version"]))

@@ -22,13 +22,17 @@ version_added: "0.1.0"
 author:
   - pdctl contributors (!UNKNOWN)
 options:
+  ca_file:
+    description:
+      - CA bundle that signed the front door's certificate (the inventory's C(pdctl_frontdoor_ca_file)); default the system's.
+    type: path
   api_key:
     description:
       - Bearer token for the router (the P/D router forwards it to the instances, which require it).
       - Never logged.
     type: str
   router_url:
-    description: Base URL of the router, for example C(http://10.0.0.13:8000) (the planner's C(router.url)).
+    description: Base URL of the router, for example C(http://10.0.0.13:8000) (the planner's C(frontdoor.url)).
     type: str
     required: true
   model:
@@ -83,7 +87,7 @@ attributes:
 EXAMPLES = r"""
 - name: Accuracy gate through the router
   pdctl.vllm_pd.accuracy_gate:
-    router_url: "{{ pdctl_plan.router.url }}"
+    router_url: "{{ pdctl_plan.frontdoor.url }}"
     datasets: "{{ pdctl_gate_accuracy.datasets }}"
     hf_token: "{{ pdctl_gate_hf_token }}"
     reference: "{{ playbook_dir }}/../artifacts/gates/known-good/accuracy.json"
@@ -136,6 +140,7 @@ def build_module():
         argument_spec=dict(
             router_url=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
+            ca_file=dict(type="path"),
             model=dict(type="str"),
             # No defaults here: an option left unset keeps what `config` says (else accuracy.DEFAULTS).
             benchmarks=dict(type="list", elements="str", choices=BENCHMARKS),
@@ -162,6 +167,8 @@ def main():
     cfg = dict(p["config"])
     if p["api_key"]:
         cfg["api_key"] = p["api_key"]
+    if p["ca_file"]:
+        cfg["ca_file"] = p["ca_file"]
     cfg.update({key: p[key] for key in ("benchmarks", "datasets", "local_dir", "cache_dir") if p[key] is not None})
     problems = accuracy.validate(accuracy.merge_config(cfg))
     if p["reference"]:

@@ -22,13 +22,17 @@ version_added: "0.1.0"
 author:
   - pdctl contributors (!UNKNOWN)
 options:
+  ca_file:
+    description:
+      - CA bundle that signed the front door's certificate (the inventory's C(pdctl_frontdoor_ca_file)); default the system's.
+    type: path
   api_key:
     description:
       - Bearer token for the router (the P/D router forwards it to the instances, which require it).
       - Never logged.
     type: str
   router_url:
-    description: Base URL of the router (the planner's C(router.url)).
+    description: Base URL of the router (the planner's C(frontdoor.url)).
     type: str
     required: true
   client:
@@ -91,7 +95,7 @@ attributes:
 EXAMPLES = r"""
 - name: SLA gate at 16K-256K, client on the decode host
   pdctl.vllm_pd.sla_gate:
-    router_url: "{{ pdctl_plan.router.url }}"
+    router_url: "{{ pdctl_plan.frontdoor.url }}"
     exec_prefix: [ssh, -o, BatchMode=yes, "{{ groups['decode'][0] }}"]
     client: [/opt/pdctl/vllm/bin/vllm, bench, serve]
     capacity: {enabled: true, max: 128}
@@ -148,6 +152,7 @@ def build_module():
         argument_spec=dict(
             router_url=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
+            ca_file=dict(type="path"),
             # No defaults here: an option left unset keeps what `config` says (else sla.DEFAULTS).
             client=dict(type="list", elements="str"),
             exec_prefix=dict(type="list", elements="str"),
@@ -182,6 +187,9 @@ def main():
             cfg[key] = p[key]
     if p["api_key"]:
         cfg["env"] = dict(cfg.get("env") or {}, OPENAI_API_KEY=p["api_key"])  # the client's bearer token
+    if p["ca_file"]:
+        # Trusted by the client's TLS (OpenSSL in vllm-rs, aiohttp in vllm bench); a path where the client runs.
+        cfg["env"] = dict(cfg.get("env") or {}, SSL_CERT_FILE=p["ca_file"])
     problems = sla.validate(sla.merge_config(cfg))
     if problems:
         module.fail_json(msg="sla_gate: invalid input: %s" % "; ".join(problems), passed=False, failures=problems)

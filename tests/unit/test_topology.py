@@ -56,7 +56,8 @@ def test_table_output_lists_every_instance(capsys):
         ["prefill-2", "b300-prefill-1", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.12:5600-5603", "13345", "0", "mlx5_0,mlx5_1,mlx5_6,mlx5_7"],
         ["prefill-3", "b300-prefill-1", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.12:5604-5607", "13346", "1", "mlx5_8,mlx5_9,mlx5_10,mlx5_11"],
     ]
-    assert "router: http://192.0.2.13:8000 on b300-decode-0" in out
+    assert "router: http://127.0.0.1:8000 on b300-decode-0" in out
+    assert "front door: https://192.0.2.13:443 on b300-decode-0 (metrics :8405)" in out
 
 
 def test_lab_differs_from_b300_only_in_addresses(capsys):
@@ -107,7 +108,7 @@ def test_explicit_placement_is_honoured():
         "pdctl_pools": {"prefill": {"tensor_parallel_size": 1, "data_parallel_size": 2},
                         "decode": {"tensor_parallel_size": 2, "data_parallel_size": 2}},
         "pdctl_ports": {"api_base": 9000, "side_channel_base": 6000, "dp_rpc_base": 14000,
-                        "router": 8000, "router_metrics": 8001}}
+                        "router": 8000, "router_metrics": 8001, "frontdoor": 8443, "frontdoor_metrics": 8405}}
     hosts = {
         "hp": {"groups": ["serving", "prefill"],
                "vars": dict(common, pdctl_instances=[{"pool": "prefill", "gpus": "6,7", "name": "p"}])},
@@ -118,7 +119,9 @@ def test_explicit_placement_is_honoured():
     d, p = sorted(plan["instances"], key=lambda i: i["pool"])
     assert p["name"] == "p" and p["cuda_visible_devices"] == "6,7" and p["side_channel_ports"] == [6000, 6001]
     assert d["gpus"] == [2, 3, 4, 5] and d["side_channel_ports"] == [6010, 6011]
-    assert plan["router"]["url"] == "http://hd:8000"
+    # The front door defaults to the router's host, so the router listens on loopback only.
+    assert plan["router"]["bind"] == "127.0.0.1" and plan["router"]["url"] == "http://127.0.0.1:8000"
+    assert plan["frontdoor"]["url"] == "https://hd:8443"
 
 
 def test_site_groups_are_accepted_when_declared():
@@ -138,3 +141,74 @@ def test_every_problem_is_reported_at_once():
         topology.build_plan(hosts)
     text = str(err.value)
     assert "pdctl_ports.api_base is not set" in text and "router group" in text
+
+
+def _lab_hosts(**groups):
+    """The lab inventory as the planner reads it without its frontdoor group (the planner's default), with
+    hosts added to groups ({group: [host, ...]})."""
+    hosts = inventory.load(ROOT / "inventories/lab")
+    for host in hosts.values():
+        host["groups"] = [g for g in host["groups"] if g != "frontdoor"]
+    for group, members in groups.items():
+        for host in members:
+            hosts[host]["groups"].append(group)
+    return hosts
+
+
+def test_frontdoor_defaults_to_the_router_host():
+    plan = topology.build_plan(_lab_hosts())
+    assert plan["frontdoor"] == {"hosts": ["lab-decode-0"], "addresses": ["10.89.64.13"], "port": 8443,
+                                 "metrics_port": 8405, "url": "https://10.89.64.13:8443"}
+    assert plan["routers"] == [plan["router"]]
+    router = plan["router"]
+    assert router["host"] == "lab-decode-0" and router["address"] == "10.89.64.13"
+    assert router["bind"] == "127.0.0.1" and router["url"] == "http://127.0.0.1:8000"
+    assert router["prefill_urls"] == [i["url"] for i in plan["instances"] if i["pool"] == "prefill"]
+
+
+def test_two_routers_are_accepted_and_listen_on_their_addresses():
+    plan = topology.build_plan(_lab_hosts(router=["lab-prefill-0"]))
+    assert [r["host"] for r in plan["routers"]] == ["lab-decode-0", "lab-prefill-0"]
+    assert plan["router"] == plan["routers"][0]
+    # Each front-door host must reach every router, so no router listens on loopback.
+    assert [(r["bind"], r["url"]) for r in plan["routers"]] == [
+        ("10.89.64.13", "http://10.89.64.13:8000"), ("10.89.64.11", "http://10.89.64.11:8000")]
+    assert plan["routers"][0]["decode_urls"] == plan["routers"][1]["decode_urls"]
+    assert plan["frontdoor"]["hosts"] == ["lab-decode-0", "lab-prefill-0"]
+    assert plan["frontdoor"]["addresses"] == ["10.89.64.13", "10.89.64.11"]
+    assert plan["frontdoor"]["url"] == "https://10.89.64.13:8443"
+
+
+def test_with_the_front_door_on_one_of_two_routers_that_router_alone_listens_on_loopback():
+    plan = topology.build_plan(_lab_hosts(router=["lab-prefill-0"], frontdoor=["lab-decode-0"]))
+    assert plan["frontdoor"]["hosts"] == ["lab-decode-0"]
+    assert [(r["host"], r["url"]) for r in plan["routers"]] == [
+        ("lab-decode-0", "http://127.0.0.1:8000"), ("lab-prefill-0", "http://10.89.64.11:8000")]
+
+
+def test_frontdoor_group_on_a_host_of_its_own():
+    hosts = _lab_hosts()
+    hosts["lab-gw-0"] = {"groups": ["frontdoor"], "vars": dict(hosts["lab-decode-0"]["vars"], ansible_host="10.89.64.20",
+                                                              pdctl_instances=[])}
+    plan = topology.build_plan(hosts)
+    assert plan["frontdoor"]["hosts"] == ["lab-gw-0"] and plan["frontdoor"]["url"] == "https://10.89.64.20:8443"
+    assert plan["router"]["bind"] == "10.89.64.13"
+    assert "lab-gw-0" in plan["hosts"]
+
+
+def test_frontdoor_port_clash_with_an_instance_port():
+    hosts = _lab_hosts()
+    hosts["lab-decode-0"]["vars"]["pdctl_ports"] = dict(hosts["lab-decode-0"]["vars"]["pdctl_ports"], frontdoor=8100)
+    with pytest.raises(topology.PlanError, match="decode-0 API port 8100 overlaps front door port 8100"):
+        topology.build_plan(hosts)
+    # The same port on a host without the front door is no clash.
+    hosts = _lab_hosts()
+    hosts["lab-prefill-0"]["vars"]["pdctl_ports"] = dict(hosts["lab-prefill-0"]["vars"]["pdctl_ports"], frontdoor=8100)
+    assert topology.build_plan(hosts)["frontdoor"]["port"] == 8443
+
+
+def test_table_shows_every_router_and_the_front_door():
+    text = topology.format_table(topology.build_plan(_lab_hosts(router=["lab-prefill-1"])))
+    assert "front door: https://10.89.64.13:8443 on lab-decode-0, lab-prefill-1 (metrics :8405)" in text
+    assert "router: http://10.89.64.13:8000 on lab-decode-0 (metrics :29000)" in text
+    assert "router: http://10.89.64.12:8000 on lab-prefill-1 (metrics :29000)" in text

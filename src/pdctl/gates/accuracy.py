@@ -30,6 +30,7 @@ DEFAULTS = {
     "min_parse_rate": 0.95,
     "max_truncation_rate": 0.05,
     "api_key": "EMPTY",
+    "ca_file": None,  # CA bundle that signed the front door's certificate (None: the system's)
     "aime": {"samples": None, "repeats": 4, "expected_accuracy": 0.8667, "max_tokens": 32768},
     "gpqa": {"samples": 64, "repeats": 1, "expected_accuracy": 0.9289, "max_tokens": 32768},
     "longbench": {"buckets": {"short": 20, "medium": 20, "long": 20}, "repeats": 1,
@@ -147,7 +148,8 @@ async def ask_all(base_url: str, model: str, work: list, cfg: dict) -> list[dict
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=cfg["api_key"] or "EMPTY",
-                         timeout=float(cfg["request_timeout_s"]), max_retries=0)
+                         timeout=float(cfg["request_timeout_s"]), max_retries=0,
+                         http_client=_http_client(cfg.get("ca_file")))
     semaphore = asyncio.Semaphore(int(cfg["concurrency"]))
     deadline = time.monotonic() + float(cfg["time_budget_s"])
     tasks = [asyncio.ensure_future(_ask(client, semaphore, deadline, model, item, repeat, settings, cfg))
@@ -171,10 +173,22 @@ async def ask_all(base_url: str, model: str, work: list, cfg: dict) -> list[dict
     return results
 
 
-async def served_model(base_url: str, api_key: str = "EMPTY") -> str:
+def _http_client(ca_file):
+    """The OpenAI client's HTTP client, trusting ca_file (the front door's CA) when given."""
+    if not ca_file:
+        return None
+    import ssl
+
+    from openai import DefaultAsyncHttpxClient
+
+    return DefaultAsyncHttpxClient(verify=ssl.create_default_context(cafile=ca_file))
+
+
+async def served_model(base_url: str, api_key: str = "EMPTY", ca_file: str | None = None) -> str:
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key or "EMPTY", max_retries=2)
+    client = AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key or "EMPTY", max_retries=2,
+                         http_client=_http_client(ca_file))
     try:
         models = await client.models.list()
         return models.data[0].id
@@ -254,7 +268,7 @@ def run(base_url: str, config: dict | None = None, model: str | None = None, tok
     if problems:
         raise ValueError("; ".join(problems))
     started = time.time()
-    model = model or asyncio.run(served_model(base_url, cfg["api_key"]))
+    model = model or asyncio.run(served_model(base_url, cfg["api_key"], cfg.get("ca_file")))
     work, provenance = [], {}
     for name in cfg["benchmarks"]:
         settings = cfg[name]

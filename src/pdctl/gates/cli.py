@@ -1,6 +1,6 @@
 """`pdctl gate accuracy|sla`: run a rollout gate against the router of an inventory's deployment.
 
-The router URL comes from the planner (``pdctl.inventory.plan(inventory)["router"]["url"]``); the gate's
+The URL is the front door's, from the planner (``pdctl.inventory.plan(inventory)["frontdoor"]["url"]``); the gate's
 settings from the inventory variables ``pdctl_gate_accuracy`` / ``pdctl_gate_sla`` (group_vars/all), then a
 ``--config`` YAML file, then the command-line options. The Hub token is read from the environment
 (``HF_TOKEN`` by default), never from the command line.
@@ -34,6 +34,7 @@ def add_parser(sub):
     a.add_argument("--time-budget", type=float, dest="time_budget_s", help="seconds for all requests")
     a.add_argument("--seed", type=int)
     a.add_argument("--hf-token-env", default="HF_TOKEN", help="environment variable holding the Hub token")
+    _client_auth(a)
     a.set_defaults(func=_run_accuracy)
 
     s = gsub.add_parser("sla", help="vllm bench serve per context length against the SLA; capacity search")
@@ -50,6 +51,7 @@ def add_parser(sub):
     s.add_argument("--tokenizer", help="tokenizer path or name for the client")
     s.add_argument("--capacity", action="store_true", help="also search the SLA capacity")
     s.add_argument("--capacity-max", type=int)
+    _client_auth(s)
     s.set_defaults(func=_run_sla)
 
     k = gsub.add_parser("soak", help="steady load for a while: RSS slope per 1,000 requests and latency drift")
@@ -75,6 +77,37 @@ def _common(p):
     p.add_argument("--artifacts", help="report directory (default artifacts/gates/<timestamp>)")
 
 
+def _client_auth(p):
+    p.add_argument("--api-key-env", default="PDCTL_API_KEY",
+                   help="environment variable holding a front-door client's key (never on the command line)")
+    p.add_argument("--ca-file", help="CA that signed the front door's certificate (default the inventory's "
+                                     "pdctl_frontdoor_ca_file)")
+
+
+def _apply_client_auth(args, cfg: dict, sla_env: bool = False) -> None:
+    """The client key (from the environment) and the front door's CA into a gate's settings."""
+    ca_file = args.ca_file
+    if not ca_file and args.inventory:
+        from pdctl import inventory
+
+        hosts = inventory.load(args.inventory, names=("pdctl_frontdoor_ca_file",))
+        ca_file = next((h["vars"]["pdctl_frontdoor_ca_file"] for h in hosts.values()
+                        if h["vars"].get("pdctl_frontdoor_ca_file")), None)
+    key = os.environ.get(args.api_key_env)
+    if sla_env:
+        env = dict(cfg.get("env") or {})
+        if key:
+            env["OPENAI_API_KEY"] = key
+        if ca_file:
+            env["SSL_CERT_FILE"] = ca_file
+        cfg["env"] = env
+    else:
+        if key:
+            cfg["api_key"] = key
+        if ca_file:
+            cfg["ca_file"] = ca_file
+
+
 def _settings(args, var: str) -> tuple[str, dict]:
     """(router URL, settings) from the inventory/planner, the --config file and --router-url."""
     import yaml
@@ -89,7 +122,7 @@ def _settings(args, var: str) -> tuple[str, dict]:
             if isinstance(value, dict):
                 settings = dict(value)
                 break
-        url = url or inventory.plan(args.inventory)["router"]["url"]
+        url = url or inventory.plan(args.inventory)["frontdoor"]["url"]
     if args.config:
         with open(args.config) as fh:
             settings.update(yaml.safe_load(fh) or {})
@@ -125,6 +158,7 @@ def _run_accuracy(args) -> int:
         for spec in args.samples:
             name, _, n = spec.partition("=")
             cfg.setdefault(name, {})["samples"] = int(n)
+        _apply_client_auth(args, cfg)
         reference = accuracy.load_reference(args.reference) if args.reference else None
         result, rows = accuracy.run(url, cfg, model=args.model, token=os.environ.get(args.hf_token_env) or None,
                                     reference=reference)
@@ -160,6 +194,7 @@ def _run_sla(args) -> int:
             cfg.setdefault("capacity", {})["enabled"] = True
             if args.capacity_max:
                 cfg["capacity"]["max"] = args.capacity_max
+        _apply_client_auth(args, cfg, sla_env=True)
         outdir = _outdir(args)
         result = sla.run(url, cfg, outdir)
     except _input_errors() + (sla.SlaError,) as exc:

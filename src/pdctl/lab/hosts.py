@@ -26,6 +26,10 @@ ADMIN_USER = "pdctl-admin"
 LABEL = "io.pdctl.lab=1"
 CAP_SYS_RESOURCE = 24
 MODEL_MOUNT = "/mnt/model"
+# What the hosts need beyond the machine's quirks: NET_ADMIN for nftables (roles/firewall) in the
+# container's own network namespace.
+HOST_OPTIONS = ["--cap-add", "NET_ADMIN"]
+OPTIONS_LABEL = "io.pdctl.lab.options"
 
 
 @dataclass
@@ -136,8 +140,13 @@ def _container_label(name: str, label: str) -> str:
     return res.stdout.strip()
 
 
-def _options_label(opts: list[str]) -> str:
-    """What the container was started with: a host whose options differ is started anew."""
+def _container_lab_dir(name: str) -> str:
+    return _container_label(name, "io.pdctl.lab.dir")
+
+
+def options_digest(opts: list[str]) -> str:
+    """Fingerprint of the options a host container runs with: a running host started with other
+    options (e.g. before a capability was added) is started anew."""
     return hashlib.sha256("\0".join(opts).encode()).hexdigest()[:12]
 
 
@@ -169,7 +178,7 @@ def up(inventory_dir: Path | None = None) -> int:
             if not shutil.which(tool):
                 raise LabError("%s is not installed (run scripts/bootstrap)" % tool)
         hosts = lab_hosts(inventory_dir)
-        opts = container_options()
+        opts = container_options() + HOST_OPTIONS
         step("container options for this machine: %s" % (" ".join(opts) or "none needed"))
         key = _ssh_key()
         timings = {}
@@ -178,13 +187,14 @@ def up(inventory_dir: Path | None = None) -> int:
         timings["image"] = time.monotonic() - t
         _ensure_network()
         known_hosts = lab_dir() / "ssh" / "known_hosts"
+        digest = options_digest(opts)
         started = []
         for host in hosts:
             state = _container_state(host.name)
-            # A host started from another checkout trusts that checkout's key, and one started with
-            # other options lacks what this checkout needs: start it anew.
-            if (state == "running" and _container_label(host.name, "io.pdctl.lab.dir") == str(lab_dir())
-                    and _container_label(host.name, "io.pdctl.lab.options") == _options_label(opts)):
+            # A host started from another checkout trusts that checkout's key, and one started with other
+            # options lacks what the roles rely on (a capability): start it anew.
+            if (state == "running" and _container_lab_dir(host.name) == str(lab_dir())
+                    and _container_label(host.name, OPTIONS_LABEL) == digest):
                 continue
             if state is not None:
                 run(["podman", "rm", "-f", host.name])
@@ -193,7 +203,7 @@ def up(inventory_dir: Path | None = None) -> int:
             model_volume.mkdir(parents=True, exist_ok=True)
             run(["podman", "run", "-d", "--name", host.name, "--hostname", host.name,
                  "--label", LABEL, "--label", "io.pdctl.lab.dir=%s" % lab_dir(),
-                 "--label", "io.pdctl.lab.options=%s" % _options_label(opts),
+                 "--label", "%s=%s" % (OPTIONS_LABEL, digest),
                  "--network", NETWORK, "--ip", host.address, "--systemd", "always",
                  *opts,
                  "-v", "%s.pub:/home/%s/.ssh/authorized_keys:ro,Z" % (key, ADMIN_USER),

@@ -1,8 +1,11 @@
 """What `pdctl lab up` stages on the controller for the lab hosts, besides the apt repository.
 
-- secrets: the router API key and a Hub token (the lab's stand-ins for Ansible Vault entries);
+- secrets: the router API key, a Hub token and the front door's clients (the lab's stand-ins for
+  Ansible Vault entries);
+- TLS: a lab CA and a server certificate for the front-door hosts (.lab/tls, see pdctl.lab.tls);
 - the synthetic model, served by a Hub API stub on the lab network (the real Hub client code runs);
-- the wheelhouse: the engine stand-in built from this checkout, NIXL and vllm-router, with deps.
+- the wheelhouse: the engine stand-in built from this checkout, NIXL and vllm-router, with deps,
+  and a hash-pinned lock per venv (requirements-<set>.txt, see pdctl.wheelhouse).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import tomllib
 from pathlib import Path
 
 from pdctl import collection, inventory, wheelhouse
-from pdctl.lab import daemon, image
+from pdctl.lab import daemon, image, tls
 
 HUB_PORT = 8781
 MODEL_SIZE_MB = 1024
@@ -42,6 +45,14 @@ def ensure_secrets(lab_dir: Path) -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as fh:
                 fh.write(prefix + secrets.token_urlsafe(24))
+    # The front door's named clients (pdctl_frontdoor_clients); the lab inventory revokes `revoked`.
+    path = d / "clients.yml"
+    if not path.exists():
+        clients = [{"name": name, "key": "lab-%s-%s" % (name, secrets.token_urlsafe(24))}
+                   for name in ("gates", "tester", "revoked")]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(clients, fh)  # JSON is YAML: the inventory reads it with from_yaml
 
 
 # -- model ---------------------------------------------------------------------------------------
@@ -103,12 +114,17 @@ def _build_engine_wheel(dest: Path) -> Path:
 def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
     hosts = inventory.load(inventory_dir, names=("pdctl_engine", "pdctl_versions"))
     hv = next(iter(hosts.values()))["vars"]
-    requirements = [r for r in hv["pdctl_engine"]["packages"] if not r.startswith(ENGINE_DIST)]
-    requirements.append("vllm-router==%s" % hv["pdctl_versions"]["vllm_router"])
+    engine = list(hv["pdctl_engine"]["packages"])
+    router = ["vllm-router==%s" % hv["pdctl_versions"]["vllm_router"]]
+    requirements = [r for r in engine if not r.startswith(ENGINE_DIST)] + router
     no_deps = list(hv["pdctl_engine"].get("packages_no_deps") or [])
+    # One hash-pinned lock per venv, named as the roles ask for it (vllm-<release>, router-<release>).
+    locks = {"vllm-%s" % hv["pdctl_versions"]["vllm"]: (engine, no_deps),
+             "router-%s" % hv["pdctl_versions"]["vllm_router"]: (router, [])}
     engine_src = sorted((collection.root() / "src/pdctl/lab/engine").rglob("*.py")) + [
         collection.root() / "src/pdctl/lab/tokenizer.py", collection.root() / "pyproject.toml", Path(wheelhouse.__file__)]
-    key = hashlib.sha256(("\0".join(requirements + no_deps) + _digest(*engine_src)).encode()).hexdigest()[:12]
+    key = hashlib.sha256(("\0".join(engine + requirements + no_deps + sorted(locks))
+                          + _digest(*engine_src)).encode()).hexdigest()[:12]
     cache = image.cache_dir() / ("wheels-" + key)
     if not (cache / ".complete").exists():
         t0 = time.monotonic()
@@ -116,6 +132,8 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
         wheelhouse.download([str(_build_engine_wheel(cache))] + requirements, cache)
         if no_deps:
             wheelhouse.download(no_deps, cache, no_deps=True)
+        for name, (reqs, reqs_no_deps) in sorted(locks.items()):
+            wheelhouse.write_lock(cache, name, reqs, reqs_no_deps)
         (cache / ".complete").write_text("\n".join(requirements) + "\n")
         print("lab: staged %d wheels in %.1fs" % (len(list(cache.glob("*.whl"))), time.monotonic() - t0), flush=True)
     target = lab_dir / "store" / "wheels"
@@ -182,6 +200,7 @@ def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> dict[str, float]
     """Stage everything; return the seconds each step took."""
     timings = {}
     for name, step in (("secrets", lambda: ensure_secrets(lab_dir)),
+                       ("tls", lambda: tls.ensure(lab_dir, inventory_dir)),
                        ("wheelhouse", lambda: ensure_wheels(lab_dir, inventory_dir)),
                        ("model", lambda: ensure_model(lab_dir, bind)),
                        ("gate_inputs", lambda: ensure_gate_inputs(lab_dir, inventory_dir))):

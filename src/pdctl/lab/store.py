@@ -16,11 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import collection
+from pdctl import apt_signing, collection
 from pdctl.lab import daemon, image
 
 GATEWAY = "10.89.64.1"  # the lab network's gateway: this machine, as the test hosts see it
 PORT = 8780
+SIGNING_DIR = "apt-signing"  # under the lab dir: the key that signs the store's apt repository
 
 
 def declared_debian_packages() -> list[str]:
@@ -34,7 +35,8 @@ def declared_debian_packages() -> list[str]:
 
 
 def stage_apt(store_dir: Path) -> Path:
-    """Build a flat apt repository (Packages, Release) of the declared packages under store/apt.
+    """Build a flat apt repository (Packages, Release) of the declared packages under store/apt,
+    signed with the key in <lab dir>/apt-signing (store_dir's parent is the lab dir).
 
     Packages that the lab replaces with stand-ins (GPU driver, fabric manager, CUDA, DOCA, GDRCopy:
     pdctl.lab.standin_debs) are not resolved against Debian; their .debs are built and added instead.
@@ -68,12 +70,34 @@ def stage_apt(store_dir: Path) -> Path:
         (staged / "Release").write_text(release)
         print("lab: staged %d Debian packages and %d stand-ins (%d .deb with dependencies) in %.1fs"
               % (len(packages), len(standins), len(list(staged.glob("*.deb"))), time.monotonic() - t0), flush=True)
-    target = store_dir / "apt"
-    if target.is_symlink() or target.exists():
-        if target.is_symlink() and os.readlink(target) == str(staged):
-            return target
-        target.unlink() if target.is_symlink() else shutil.rmtree(target)
-    target.symlink_to(staged)
+    return publish_apt(staged, store_dir / "apt", store_dir.parent / SIGNING_DIR)
+
+
+def publish_apt(staged: Path, target: Path, key_dir: Path) -> Path:
+    """Publish the staged repository under target, signed with this lab's key (made once, kept).
+
+    The staged repository is cached across checkouts, each with its own key: target links to its
+    files and holds its own copy of Release, signed (InRelease, Release.gpg) whenever it changes.
+    """
+    if target.is_symlink():  # the unsigned layout: a link to the cache
+        target.unlink()
+    target.mkdir(exist_ok=True)
+    wanted = {p.name for p in staged.iterdir() if p.name != "Release"}
+    for path in target.iterdir():
+        if path.is_symlink() and path.name not in wanted:
+            path.unlink()
+    for name in sorted(wanted):
+        link = target / name
+        if not (link.is_symlink() and os.readlink(link) == str(staged / name)):
+            link.unlink(missing_ok=True)
+            link.symlink_to(staged / name)
+    release = (staged / "Release").read_bytes()
+    if not (target / "Release").exists() or (target / "Release").read_bytes() != release:
+        for name in apt_signing.SIGNATURES:
+            (target / name).unlink(missing_ok=True)
+        (target / "Release").write_bytes(release)
+    if apt_signing.sign(key_dir, target):
+        print("lab: signed the apt repository with %s" % (key_dir / apt_signing.PUBLIC_ASC), flush=True)
     return target
 
 

@@ -1,0 +1,147 @@
+"""roles/frontdoor: the HAProxy configuration `pdctl render` writes from the lab and production plans
+passes `haproxy -c` and holds the planned limits and routers; the clients map holds only key hashes;
+the OS vars declare the package the lab stages."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import requires
+from inventories import ROOT
+from pdctl import cli, inventory
+from pdctl.lab import store
+
+ROLE = ROOT / "roles/frontdoor"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = {}
+    for inv in ("b300", "lab"):
+        d = tmp_path_factory.mktemp(inv)
+        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        out[inv] = d
+    return out
+
+
+def _cfg(rendered, inv):
+    plan = inventory.plan(ROOT / "inventories" / inv)
+    host = plan["frontdoor"]["hosts"][0]
+    return plan, (rendered[inv] / host / "etc/haproxy/haproxy.cfg").read_text()
+
+
+def _self_signed(path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import datetime
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    path.write_bytes(cert.public_bytes(pem) + key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                                serialization.NoEncryption()))
+
+
+@pytest.mark.parametrize("inv,port,inflight", [("lab", 8443, 16), ("b300", 443, 64)])
+def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
+    plan, text = _cfg(rendered, inv)
+    assert re.search(r"^\s+bind :%d ssl crt /etc/haproxy/pdctl/frontdoor.pem" % port, text, re.M)
+    assert re.search(r"^\s+bind :8405$", text, re.M)
+    assert "use-service prometheus-exporter" in text
+    # One front-door host: it admits the whole limit; the queue is bounded.
+    assert re.search(r"server admission abns@pdctl-routers maxconn %d maxqueue %d$" % (inflight, 2 * inflight), text, re.M)
+    assert "queue(be_admission) ge %d" % (2 * inflight) in text
+    servers = re.findall(r"^\s+server (\S+) (\S+)$", text, re.M)
+    assert servers == [(r["host"], "127.0.0.1:8000") for r in plan["routers"]]
+    assert "default-server check inter 1000ms fall 2 rise 2" in text
+    assert "http-check send meth GET uri /health" in text
+    assert "retry-on conn-failure empty-response junk-response" in text
+    assert "req.hdr_val(content-length) gt 8388608" in text
+    assert "timeout http-request 10s" in text and "timeout server 1800s" in text
+    # The key never travels past the front door nor into the log; the routers get the deployment's key
+    # from HAProxy's environment.
+    assert "http-request del-header authorization" in text
+    assert 'set-header Authorization "Bearer ${PDCTL_UPSTREAM_API_KEY}"' in text
+    log_format = next(line for line in text.splitlines() if "log-format" in line)
+    assert "client=%[var(txn.client)]" in log_format
+    # No request header, captured header or full request line (which carries the query string).
+    assert not re.search(r"hdr\(|%hrl?\b|%r\b|%\{\+Q\}r", log_format)
+
+
+@pytest.mark.parametrize("inv", ["lab", "b300"])
+def test_rendered_config_passes_haproxy_check(rendered, inv, tmp_path):
+    haproxy = requires.binary("haproxy", "the front door's configuration is checked by HAProxy itself")
+    _, text = _cfg(rendered, inv)
+    _self_signed(tmp_path / "frontdoor.pem")
+    (tmp_path / "clients.map").write_text("")
+    text = text.replace("/etc/haproxy/pdctl/", "%s/" % tmp_path)
+    (tmp_path / "haproxy.cfg").write_text(text)
+    res = subprocess.run([haproxy, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[ALERT]" not in res.stderr and "[WARNING]" not in res.stderr, res.stderr
+
+
+def test_two_front_door_hosts_share_the_limit(tmp_path):
+    """Each of two front-door hosts admits half of N, so the routers never see more than N together."""
+    from inventories import inventory_variant
+
+    hosts_yml = yaml.safe_load((ROOT / "inventories/lab/hosts.yml").read_text())
+    groups = hosts_yml["all"]["children"]
+    groups["router"]["hosts"]["lab-prefill-0"] = None
+    groups["frontdoor"]["hosts"]["lab-prefill-0"] = None
+    inv = inventory_variant(tmp_path / "inv", {"hosts": hosts_yml})
+    out = tmp_path / "out"
+    assert cli.main(["render", "-i", str(inv), "--out", str(out)]) == 0
+    for host in ("lab-decode-0", "lab-prefill-0"):
+        text = (out / host / "etc/haproxy/haproxy.cfg").read_text()
+        assert "maxconn 8 maxqueue 16" in text
+        assert re.findall(r"^\s+server (\S+) (\S+)$", text, re.M) == [
+            ("lab-decode-0", "10.89.64.13:8000"), ("lab-prefill-0", "10.89.64.11:8000")]
+
+
+def test_clients_map_holds_hashes_of_clients_not_revoked(tmp_path):
+    clients = [{"name": "alpha", "key": "alpha-key-0123456789"}, {"name": "beta", "key": "beta-key-0123456789"},
+               {"name": "gone", "key": "gone-key-0123456789"}]
+    playbook = tmp_path / "map.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False,
+        "vars_files": [str(ROLE / "vars/main.yml")],
+        "tasks": [{"ansible.builtin.template": {"src": str(ROLE / "templates/clients.map.j2"),
+                                                "dest": str(tmp_path / "clients.map"), "mode": "0600"}}]}]))
+    extra = {"frontdoor_clients": clients, "frontdoor_revoked": ["gone"], "frontdoor_config_dir": "/etc/haproxy",
+             "frontdoor_plan": {"hosts": ["h"]}, "frontdoor_max_inflight": 1, "frontdoor_max_queue": 1,
+             "ansible_python_interpreter": sys.executable}
+    (tmp_path / "extra.yml").write_text(yaml.safe_dump(extra))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    res = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,",
+                          "-c", "local", str(playbook), "-e", "@%s" % (tmp_path / "extra.yml")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = (tmp_path / "clients.map").read_text()
+    entries = [line.split() for line in text.splitlines() if line and not line.startswith("#")]
+    assert entries == [[hashlib.sha256(c["key"].encode()).hexdigest(), c["name"]] for c in clients[:2]]
+    assert not any(c["key"] in text for c in clients)
+
+
+def test_os_vars_declare_haproxy_for_the_store():
+    for os_name in ("Debian", "Ubuntu"):
+        data = yaml.safe_load((ROLE / "vars" / ("%s.yml" % os_name)).read_text())
+        assert data["frontdoor_packages"] == ["haproxy"]
+    assert "haproxy" in store.declared_debian_packages()
+
+
+def test_bootstrap_installs_haproxy_for_the_check():
+    line = next(l for l in (ROOT / "scripts/bootstrap").read_text().splitlines() if l.startswith("APT_PACKAGES="))
+    assert "haproxy" in line.split("(", 1)[1].rstrip(")").split()

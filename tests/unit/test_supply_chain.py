@@ -1,0 +1,305 @@
+"""Supply chain (issue 14): the store's apt repository is signed and verified as apt does; every venv
+installs from a lock that pins each wheel with its sha256; preflight refuses what would bypass either."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import requires
+from inventories import ROOT
+from pdctl import apt_signing, wheelhouse
+from test_role_tasks import run_role_tasks
+
+
+@pytest.fixture
+def gpg():
+    requires.binary("gpg", "the store's apt repository is signed with gpg (package gpg)")
+    requires.binary("gpgv", "apt verifies signatures with gpgv (package gpgv)")
+
+
+def _repo(path: Path, packages: str = "Package: demo\nVersion: 1.0\n") -> Path:
+    path.mkdir(parents=True)
+    (path / "Packages").write_text(packages)
+    (path / "Release").write_text("Date: Mon, 30 Nov 2026 00:00:00 UTC\nSHA256:\n %s %d Packages\n" % (
+        wheelhouse._sha256(path / "Packages"), len(packages)))
+    return path
+
+
+def _apt_update(tmp_path: Path, repo: Path, keyring: Path) -> subprocess.CompletedProcess:
+    """`apt-get update` of one file: source with Signed-By, in a state directory of its own."""
+    state = tmp_path / ("apt-state-%d" % len(list(tmp_path.glob("apt-state-*"))))
+    for sub in ("lists/partial", "cache/archives/partial"):
+        (state / sub).mkdir(parents=True)
+    (state / "test.list").write_text("deb [signed-by=%s] file:%s ./\n" % (keyring, repo))
+    opts = ["-o", "Dir::Etc::SourceList=%s" % (state / "test.list"), "-o", "Dir::Etc::SourceParts=/nonexistent",
+            "-o", "Dir::State::Lists=%s" % (state / "lists"), "-o", "Dir::Cache=%s" % (state / "cache"),
+            "-o", "APT::Sandbox::User=root", "-o", "Debug::NoLocking=1"]
+    return subprocess.run(["apt-get", "update", *opts], capture_output=True, text=True)
+
+
+# ---------------------------------------------------------------- apt: signing and verification
+
+def test_signed_repository_verifies_and_a_tampered_release_does_not(tmp_path, gpg):
+    key_dir, repo = tmp_path / "key", _repo(tmp_path / "repo")
+    assert apt_signing.sign(key_dir, repo) is True
+    fpr = apt_signing.fingerprint(key_dir)
+    assert (key_dir / "pdctl-store.asc").read_text().startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+    assert oct((key_dir / "gnupg").stat().st_mode & 0o777) == "0o700"
+    assert apt_signing.verify(repo, key_dir / apt_signing.PUBLIC_GPG)
+    clear = subprocess.run(["gpgv", "--keyring", str(key_dir / apt_signing.PUBLIC_GPG), "--output", "-",
+                            str(repo / "InRelease")], capture_output=True, text=True)
+    assert clear.returncode == 0 and clear.stdout == (repo / "Release").read_text()
+    # Nothing changed: the signatures stay, the key is the one made first.
+    inrelease = (repo / "InRelease").read_bytes()
+    assert apt_signing.sign(key_dir, repo) is False
+    assert (repo / "InRelease").read_bytes() == inrelease and apt_signing.fingerprint(key_dir) == fpr
+
+    # One hash in Release (and in InRelease's signed text) changed: neither signature holds.
+    for name in ("Release", "InRelease"):
+        text = (repo / name).read_text()
+        (repo / name).write_text(re.sub(r" [0-9a-f]{64} ", " " + "0" * 64 + " ", text, count=1))
+    assert not apt_signing.verify(repo, key_dir / apt_signing.PUBLIC_GPG)
+    for args in (["--keyring", str(key_dir / apt_signing.PUBLIC_GPG), str(repo / "InRelease")],
+                 ["--keyring", str(key_dir / apt_signing.PUBLIC_GPG), str(repo / "Release.gpg"), str(repo / "Release")]):
+        res = subprocess.run(["gpgv", *args], capture_output=True, text=True)
+        assert res.returncode != 0 and "BAD signature" in res.stderr, res.stderr
+    # Signing again repairs it.
+    assert apt_signing.sign(key_dir, repo) is True and apt_signing.verify(repo, key_dir / apt_signing.PUBLIC_GPG)
+
+
+def test_a_key_from_another_store_does_not_verify(tmp_path, gpg):
+    repo = _repo(tmp_path / "repo")
+    apt_signing.sign(tmp_path / "ours", repo)
+    apt_signing.ensure_key(tmp_path / "theirs")
+    assert not apt_signing.verify(repo, tmp_path / "theirs" / apt_signing.PUBLIC_GPG)
+
+
+def test_apt_accepts_the_signed_repository_and_refuses_a_tampered_release(tmp_path, gpg):
+    requires.binary("apt-get", "apt itself verifies the repository here (Debian/Ubuntu controller)")
+    if os.geteuid() != 0:
+        requires.missing("root", "apt-get update with a private state directory runs as root")
+    key_dir, repo = tmp_path / "key", _repo(tmp_path / "repo")
+    apt_signing.sign(key_dir, repo)
+    good = _apt_update(tmp_path, repo, key_dir / apt_signing.PUBLIC_ASC)
+    assert good.returncode == 0, good.stdout + good.stderr
+    release = (repo / "InRelease").read_text().replace("Date: Mon, 30 Nov 2026", "Date: Tue, 01 Dec 2026")
+    (repo / "InRelease").write_text(release)
+    bad = _apt_update(tmp_path, repo, key_dir / apt_signing.PUBLIC_ASC)
+    assert bad.returncode != 0
+    assert "BADSIG" in bad.stdout + bad.stderr and "is not signed" in bad.stderr, bad.stdout + bad.stderr
+
+
+def test_lab_store_publishes_the_cached_repository_signed_with_the_lab_key(tmp_path, gpg):
+    from pdctl.lab import store
+
+    staged = _repo(tmp_path / "cache" / "apt-x")
+    (staged / "demo_1.0_all.deb").write_bytes(b"deb")
+    key_dir, target = tmp_path / "lab" / "apt-signing", tmp_path / "lab" / "store" / "apt"
+    target.parent.mkdir(parents=True)
+    target.symlink_to(staged)  # the unsigned layout of earlier checkouts
+    store.publish_apt(staged, target, key_dir)
+    assert target.is_dir() and not target.is_symlink()
+    assert os.readlink(target / "demo_1.0_all.deb") == str(staged / "demo_1.0_all.deb")
+    assert not (staged / "InRelease").exists(), "the shared cache must stay unsigned (one key per lab)"
+    assert apt_signing.verify(target, key_dir / apt_signing.PUBLIC_GPG)
+    # The index is rebuilt: the published Release follows and is signed again; gone packages go.
+    (staged / "demo_1.0_all.deb").unlink()
+    (staged / "Packages").write_text("")
+    (staged / "Release").write_text("Date: Tue, 01 Dec 2026 00:00:00 UTC\n")
+    store.publish_apt(staged, target, key_dir)
+    assert (target / "Release").read_text() == (staged / "Release").read_text()
+    assert apt_signing.verify(target, key_dir / apt_signing.PUBLIC_GPG)
+    assert not (target / "demo_1.0_all.deb").exists() and not (target / "demo_1.0_all.deb").is_symlink()
+
+
+# ---------------------------------------------------------------- pip: hash-pinned locks
+
+def _wheels(d: Path) -> dict[str, Path]:
+    made = {
+        "alpha": wheelhouse.build_pure_wheel(d, "Alpha", "1.0", {"alpha/__init__.py": b""}, ["beta==2.0"]),
+        "beta": wheelhouse.build_pure_wheel(d, "beta", "2.0", {"beta/__init__.py": b""}, []),
+        # staged without its dependencies (as NIXL is in the lab): delta is not in the wheelhouse
+        "gamma": wheelhouse.build_pure_wheel(d, "gamma_x", "3.0", {"gamma_x/__init__.py": b""}, ["delta>=1"]),
+        "other": wheelhouse.build_pure_wheel(d, "other", "4.0", {"other/__init__.py": b""}, []),
+    }
+    return made
+
+
+def _pip(*args, env=None):
+    # Only the arguments count: none of this machine's pip configuration (index, constraints).
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True,
+                          env=dict(base, PIP_CONFIG_FILE=os.devnull, **(env or {})))
+
+
+def test_lock_pins_every_wheel_of_the_set_with_the_hash_of_its_file(tmp_path):
+    wheels = _wheels(tmp_path / "wheels")
+    lock = wheelhouse.write_lock(tmp_path / "wheels", "demo-1", ["alpha==1.0"], ["gamma-x==3.0"])
+    assert lock.name == "requirements-demo-1.txt"
+    pins = wheelhouse.read_lock(lock)
+    assert sorted(pins) == ["alpha", "beta", "gamma-x"]  # dependencies in, other sets' wheels out
+    for name, key in (("alpha", "alpha"), ("beta", "beta"), ("gamma-x", "gamma")):
+        version, hashes = pins[name]
+        assert hashes == [wheelhouse._sha256(wheels[key])], name
+        assert wheels[key].name.split("-")[1] == version
+    for line in lock.read_text().splitlines():
+        assert line.startswith("#") or re.fullmatch(r"[a-z0-9-]+==\S+( --hash=sha256:[0-9a-f]{64})+", line), line
+    # The same inputs write the same file (a second `pdctl lab up` changes nothing).
+    before = lock.read_text()
+    wheelhouse.write_lock(tmp_path / "wheels", "demo-1", ["alpha==1.0"], ["gamma-x==3.0"])
+    assert lock.read_text() == before
+
+
+def test_lock_refuses_a_requirement_the_wheelhouse_cannot_satisfy(tmp_path):
+    _wheels(tmp_path / "wheels")
+    with pytest.raises(RuntimeError, match="resolving"):
+        wheelhouse.write_lock(tmp_path / "wheels", "demo", ["gamma-x==3.0"])  # with deps: no delta
+
+
+def test_pip_installs_the_lock_and_refuses_a_wheel_whose_hash_is_not_in_it(tmp_path):
+    wheels = _wheels(tmp_path / "wheels")
+    lock = wheelhouse.write_lock(tmp_path / "wheels", "demo", ["alpha==1.0"], ["gamma-x==3.0"])
+    install = ["install", "--quiet", "--require-hashes", "--no-deps", "--no-index", "--find-links",
+               str(tmp_path / "wheels")]
+    ok = _pip(*install, "--target", str(tmp_path / "ok"), "-r", str(lock))
+    assert ok.returncode == 0, ok.stderr
+    assert {p.name for p in (tmp_path / "ok").iterdir() if not p.name.endswith(".dist-info")} == \
+        {"alpha", "beta", "gamma_x"}
+    # A requirement the lock does not hash is refused as well.
+    unpinned = tmp_path / "unpinned.txt"
+    unpinned.write_text(lock.read_text() + "other==4.0\n")
+    res = _pip(*install, "--target", str(tmp_path / "unpinned"), "-r", str(unpinned))
+    assert res.returncode != 0 and "Hashes are required" in res.stderr, res.stderr
+    # The wheel on the store is replaced (same name, other content): its hash is not the lock's.
+    wheelhouse.build_pure_wheel(tmp_path / "wheels", "beta", "2.0", {"beta/__init__.py": b"evil = 1\n"}, [])
+    assert wheelhouse._sha256(wheels["beta"]) not in wheelhouse.read_lock(lock)["beta"][1]
+    bad = _pip(*install, "--target", str(tmp_path / "bad"), "-r", str(lock))
+    assert bad.returncode != 0 and "DO NOT MATCH THE HASHES" in bad.stderr, bad.stderr
+
+
+def test_lab_stages_one_lock_per_venv_named_as_the_roles_ask(tmp_path, monkeypatch):
+    """ensure_wheels with `pip download` replaced by locally built wheels: both locks, NIXL pinned."""
+    import zipfile
+
+    from pdctl.lab import stage
+
+    def download(requirements, dest, python_version=None, platforms=(), no_deps=False):
+        todo = list(requirements)
+        while todo:
+            req = todo.pop()
+            if req.endswith(".whl"):  # the stand-in engine: fetch what it requires
+                with zipfile.ZipFile(req) as zf:
+                    meta = next(n for n in zf.namelist() if n.endswith("/METADATA"))
+                    todo += [ln.split(": ", 1)[1] for ln in zf.read(meta).decode().splitlines()
+                             if ln.startswith("Requires-Dist: ")]
+                continue
+            name, version = req.split(";")[0].strip().split("==")
+            wheelhouse.build_pure_wheel(dest, name, version, {}, [])
+
+    monkeypatch.setattr(stage.image, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(stage.wheelhouse, "download", download)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "lab" / "store").mkdir(parents=True)
+    stage.ensure_wheels(tmp_path / "lab", ROOT / "inventories" / "lab")
+    wheels = tmp_path / "lab" / "store" / "wheels"
+    versions = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/versions.yml").read_text())["pdctl_versions"]
+    engine = wheelhouse.read_lock(wheels / ("requirements-vllm-%s.txt" % versions["vllm"]))
+    router = wheelhouse.read_lock(wheels / ("requirements-router-%s.txt" % versions["vllm_router"]))
+    assert engine["nixl-cu13"][0] == versions["nixl"] and engine["pdctl-lab-engine"][1]
+    assert "numpy" in engine and "vllm-router" not in engine
+    assert router == {"vllm-router": router["vllm-router"]} and router["vllm-router"][0] == versions["vllm_router"]
+    for pins in (engine, router):
+        for name, (version, hashes) in pins.items():
+            (wheel,) = [w for w in wheels.glob("*.whl")
+                        if wheelhouse._canonical(w.name.split("-")[0]) == name and w.name.split("-")[1] == version]
+            assert hashes == [wheelhouse._sha256(wheel)], name
+
+
+def test_roles_install_their_venvs_from_the_lock_with_hashes():
+    vllm_defaults = yaml.safe_load((ROOT / "roles/vllm/defaults/main.yml").read_text())
+    router_defaults = yaml.safe_load((ROOT / "roles/router/defaults/main.yml").read_text())
+    assert vllm_defaults["vllm_requirements_lock_url"].endswith("/requirements-vllm-{{ vllm_version }}.txt")
+    assert router_defaults["router_requirements_lock_url"].endswith("/requirements-router-{{ router_version }}.txt")
+    env = yaml.safe_load((ROOT / "roles/vllm/vars/main.yml").read_text())["_vllm_pip_environment"]
+    assert env["PIP_REQUIRE_HASHES"] == "1" and env["PIP_NO_DEPS"] == "1" and env["PIP_NO_INDEX"] == "1"
+    for path in ("roles/vllm/tasks/0010-venv.yml", "roles/router/tasks/0010-install.yml"):
+        pips = [t["ansible.builtin.pip"] for t in yaml.safe_load((ROOT / path).read_text()) if "ansible.builtin.pip" in t]
+        assert len(pips) == 1 and "lock_url" in pips[0]["requirements"], path
+    assert "PIP_REQUIRE_HASHES" in (ROOT / "roles/router/tasks/0010-install.yml").read_text()
+
+
+# ---------------------------------------------------------------- roles, inventories, preflight
+
+def test_nothing_trusts_an_apt_source_unsigned():
+    pattern = re.compile(r"(?i)trusted\s*[:=]\s*yes|allow-insecure|AllowInsecureRepositories")
+    for top in ("roles", "inventories", "playbooks", "molecule"):
+        for path in (ROOT / top).rglob("*"):
+            if path.is_file() and path.suffix in (".yml", ".yaml", ".j2", ".list", ".sources", ""):
+                text = path.read_text(errors="replace")
+                # preflight's own search pattern names what it refuses
+                if "preflight" in path.parts:
+                    continue
+                assert not pattern.search(text), path
+    template = (ROOT / "roles/host_base/templates/pdctl-store.sources.j2").read_text()
+    assert "Signed-By: {{ host_base_store_keyring }}" in template
+
+
+LAB_KEY = ("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmDMEZ0000BYJKwYBBAHaRw8BAQdA\n"
+           "-----END PGP PUBLIC KEY BLOCK-----\n")
+
+
+def _sources(tmp_path, files):
+    etc = tmp_path / "etc-apt"
+    (etc / "sources.list.d").mkdir(parents=True)
+    for name, text in files.items():
+        (etc / name).write_text(text)
+    return {"preflight_apt_sources_dirs": [str(etc), str(etc / "sources.list.d")]}
+
+
+def test_preflight_refuses_an_inventory_without_the_signing_key(tmp_path):
+    ok, out = run_role_tasks(tmp_path, "preflight", "0050-supply-chain.yml", _sources(tmp_path, {}))
+    assert not ok
+    assert "pdctl_artifact_store_signing_key is missing" in out and "Nothing was changed" in out, out
+    ok, out = run_role_tasks(tmp_path, "preflight", "0050-supply-chain.yml",
+                             dict(_sources(tmp_path / "b", {}), pdctl_artifact_store_signing_key="/etc/key.gpg"))
+    assert not ok and "not an ASCII-armored OpenPGP public key" in out, out
+
+
+def test_preflight_refuses_a_host_with_an_apt_source_trusted_unsigned(tmp_path):
+    files = {"sources.list": "# deb [trusted=yes] http://commented.example/ ./\n",
+             "sources.list.d/pdctl-store.sources": "Types: deb\nTrusted: yes\n",  # host_base rewrites it
+             "sources.list.d/site.list": "deb [arch=amd64 trusted=yes] http://mirror.example/ ./\n",
+             "sources.list.d/vendor.sources": "Types: deb\nURIs: http://vendor.example/\nTrusted: yes\n",
+             "sources.list.d/signed.sources": "Types: deb\nSigned-By: /etc/apt/keyrings/x.asc\n"}
+    ok, out = run_role_tasks(tmp_path, "preflight", "0050-supply-chain.yml",
+                             dict(_sources(tmp_path, files), pdctl_artifact_store_signing_key=LAB_KEY))
+    assert not ok
+    assert "site.list" in out and "vendor.sources" in out and "without checking a signature" in out, out
+    assert "pdctl-store.sources" not in out  # host_base rewrites its own file
+    assert "signed.sources" not in out
+
+
+def test_preflight_accepts_the_key_and_signed_sources(tmp_path):
+    files = {"sources.list.d/pdctl-store.sources": "Types: deb\nSigned-By: /etc/apt/keyrings/pdctl-store.asc\n",
+             "sources.list.d/pdctl-store.sources.bak": "Trusted: yes\n"}  # not a sources file: apt ignores it
+    ok, out = run_role_tasks(tmp_path, "preflight", "0050-supply-chain.yml",
+                             dict(_sources(tmp_path, files), pdctl_artifact_store_signing_key=LAB_KEY,
+                                  pdctl_cuda_apt_repo={"uri": "https://x/", "signed_by": "https://x/key.pub"}))
+    assert ok, out
+    ok, out = run_role_tasks(tmp_path / "c", "preflight", "0050-supply-chain.yml",
+                             dict(_sources(tmp_path / "c", {}), pdctl_artifact_store_signing_key=LAB_KEY,
+                                  pdctl_cuda_apt_repo={"uri": "https://x/"}))
+    assert not ok and "pdctl_cuda_apt_repo has no signed_by" in out, out
+
+
+def test_inventories_give_the_key_or_say_how():
+    lab = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/host_requirements.yml").read_text())
+    assert "apt-signing/pdctl-store.asc" in lab["pdctl_artifact_store_signing_key"]
+    b300 = (ROOT / "inventories/b300/group_vars/all/host_requirements.yml").read_text()
+    assert "pdctl_artifact_store_signing_key" in b300 and "apt_signing" in b300
