@@ -1,0 +1,87 @@
+"""A load generator for the lab: N clients, each streaming chat completions back to back, every
+request's outcome recorded (start, end, HTTP status, whether the stream reached [DONE])."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+MODEL = "/mnt/model/glm/GLM-5.2-NVFP4"
+
+
+@dataclass
+class Outcome:
+    start: float
+    end: float
+    status: int | None
+    done: bool
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.done
+
+
+@dataclass
+class StreamLoad:
+    """Run `clients` streaming clients against url until stop(); outcomes in order of completion."""
+    url: str
+    key: str
+    clients: int = 8
+    max_tokens: int = 24
+    verify: str | bool = True
+    outcomes: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self):
+        self._stop.set()
+        for t in self._threads:
+            t.join(180)
+
+    def _client(self, i):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "client %d: tell me about GPUs." % i}],
+                "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
+        headers = {"Authorization": "Bearer " + self.key}
+        with httpx.Client(timeout=120, verify=self.verify) as client:
+            while not self._stop.is_set():
+                t0, status, done, error = time.monotonic(), None, False, ""
+                try:
+                    with client.stream("POST", self.url + "/v1/chat/completions", json=body, headers=headers) as resp:
+                        status = resp.status_code
+                        if status != 200:
+                            error = resp.read().decode(errors="replace")[:200]
+                        else:
+                            for line in resp.iter_lines():
+                                if line == "data: [DONE]":
+                                    done = True
+                                elif line.startswith("data: ") and "error" in json.loads(line[6:]):
+                                    error = line[6:200]
+                except (httpx.HTTPError, ValueError) as exc:
+                    error = repr(exc)[:200]
+                with self._lock:
+                    self.outcomes.append(Outcome(t0, time.monotonic(), status, done and not error, error))
+
+    # -- figures ------------------------------------------------------------------------------
+    def failed(self) -> list:
+        return [o for o in self.outcomes if not o.ok]
+
+    def summary(self) -> dict:
+        failed = self.failed()
+        return {"requests": len(self.outcomes), "failed_requests": len(failed),
+                "failure_window_s": round(max(o.end for o in failed) - min(o.start for o in failed), 2) if failed else 0.0,
+                "errors": sorted({o.error or str(o.status) for o in failed})[:5]}
