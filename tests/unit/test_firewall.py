@@ -81,12 +81,13 @@ EVERYONE = set(LAB.values()) | {CONTROLLER, OUTSIDER}
 
 # -- the lab plan -------------------------------------------------------------------------------------
 
-def test_lab_instance_api_ports_only_from_the_router_host_and_their_own(lab_plan):
+def test_lab_instance_api_ports_only_from_the_router_host_their_own_and_the_controller(lab_plan):
+    # The controller (admin network) reads /metrics and runs the soak gate; an outsider gets nothing.
     rules = firewall.rules(lab_plan, lab_inputs())
-    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13"}
+    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", CONTROLLER}
     for port in (8100, 8101):
-        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
-        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13", "10.89.64.12"}
+        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13", "10.89.64.11", CONTROLLER}
+        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13", "10.89.64.12", CONTROLLER}
 
 
 def test_lab_side_channels_only_from_the_other_pool(lab_plan):
@@ -186,8 +187,8 @@ def test_two_routers_behind_a_separate_front_door(tmp_path):
     assert who(rules, "lab-prefill-1", 8405, EVERYONE) == {CONTROLLER, "10.89.64.13"}
     assert who(rules, "lab-prefill-1", 8000, EVERYONE) == set()
     # Both routers reach every instance.
-    assert who(rules, "lab-prefill-1", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", "10.89.64.12"}
-    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
+    assert who(rules, "lab-prefill-1", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", "10.89.64.12", CONTROLLER}
+    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", CONTROLLER}
 
 
 def test_no_client_network_closes_the_front_door(lab_plan):
@@ -201,8 +202,8 @@ def test_b300_rules(b300_plan):
     rules = firewall.rules(b300_plan, b300_inputs())
     every = set(B300.values()) | {"203.0.113.9", "198.51.100.9", "192.0.2.99"}
     admin = "203.0.113.9"
-    assert who(rules, "b300-decode-0", 8100, every) == {"192.0.2.13"}
-    assert who(rules, "b300-prefill-0", 8101, every) == {"192.0.2.13", "192.0.2.11"}
+    assert who(rules, "b300-decode-0", 8100, every) == {"192.0.2.13", admin}
+    assert who(rules, "b300-prefill-0", 8101, every) == {"192.0.2.13", "192.0.2.11", admin}
     assert who(rules, "b300-prefill-1", 5607, every) == {"192.0.2.13"}
     assert who(rules, "b300-decode-0", 5600, every) == {"192.0.2.11", "192.0.2.12"}
     assert who(rules, "b300-prefill-1", 13346, every) == {"192.0.2.12"}
@@ -290,7 +291,7 @@ def test_rendered_rules_replace_only_their_own_table(rendered):
     assert "table inet other" in listing, "applying the rules removed another table"
     assert listing.count("table inet pdctl") == 1
     assert "policy drop;" in listing
-    assert 'ip saddr 10.89.64.13 tcp dport 8100 accept comment "decode-0 api"' in listing
+    assert 'ip saddr { 10.89.64.1, 10.89.64.13 } tcp dport 8100 accept comment "decode-0 api"' in listing
 
 
 def test_rendered_lab_file_names_each_rule(rendered):
