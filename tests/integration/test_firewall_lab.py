@@ -126,11 +126,13 @@ def test_the_hosts_that_must_talk_still_can(converged_lab):
     assert set(from_router.values()) == {"open"}, from_router
     from_peer = probe_from_host(other_prefill["host"], [(prefill[0]["address"], prefill[0]["api_port"])])
     assert set(from_peer.values()) == {"timeout"}, from_peer
-    # The controller (the admin network) reaches SSH and the node exporter, not an instance.
+    # The controller (the admin network) reaches the node exporter and an instance's API (operators read
+    # its /metrics, the soak gate samples it); not the DP RPC port, which only the host itself reaches.
     with httpx.Client(timeout=5) as client:
         assert client.get("http://%s:9100/metrics" % prefill[0]["address"]).status_code == 200
+        assert client.get("http://%s:%d/health" % (prefill[0]["address"], prefill[0]["api_port"])).status_code == 200
     with pytest.raises(httpx.TimeoutException):
-        httpx.get("http://%s:%d/health" % (prefill[0]["address"], prefill[0]["api_port"]), timeout=2)
+        httpx.get("http://%s:%d/" % (prefill[0]["address"], prefill[0]["dp_rpc_port"]), timeout=2)
 
 
 def test_rules_are_loaded_and_kept_across_boots(converged_lab):
