@@ -17,7 +17,7 @@ from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
 from streams import StreamLoad
-from test_serving import INSTANCES, ROUTER, api_key, on_host
+from test_serving import CA, FRONTDOOR, INSTANCES, api_key, client_key, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -103,7 +103,7 @@ def served_by(host, name):
 def test_killed_prefill_instance_is_routed_around_and_restarted(converged_lab):
     host, name = "lab-prefill-0", "prefill-0"
     before = unit_state(host, name)
-    with StreamLoad(ROUTER, api_key(), clients=8) as load:
+    with StreamLoad(FRONTDOOR, client_key(), clients=8, verify=CA) as load:
         time.sleep(3)
         on_host(host, "kill", "-9", before["MainPID"])
         back_s = wait_restarted(host, name, before["MainPID"])
@@ -123,7 +123,7 @@ def test_killed_decode_instance_fails_only_its_streams_and_comes_back(converged_
     """One decode instance: its in-flight streams are lost (counted), and serving resumes on its own."""
     host, name = "lab-decode-0", "decode-0"
     before = unit_state(host, name)
-    with StreamLoad(ROUTER, api_key(), clients=8) as load:
+    with StreamLoad(FRONTDOOR, client_key(), clients=8, verify=CA) as load:
         time.sleep(3)
         killed_at = time.monotonic()
         on_host(host, "kill", "-9", before["MainPID"])
@@ -146,7 +146,7 @@ def test_crash_fault_restarts_the_instances_while_the_router_serves_around_them(
     result, _ = apply_vllm(faulty_inventory(tmp_path, "crash", {"crash_after_requests": 15}))
     assert result.ok, result.failures
     before = {n: unit_state(FAULTY, n) for n in INSTANCES[FAULTY]}
-    with StreamLoad(ROUTER, api_key(), clients=8) as load:
+    with StreamLoad(FRONTDOOR, client_key(), clients=8, verify=CA) as load:
         time.sleep(30)
     summary = load.summary()
     after = {n: unit_state(FAULTY, n) for n in INSTANCES[FAULTY]}

@@ -14,7 +14,7 @@ from pdctl import inventory
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 PROMETHEUS = "http://10.89.64.13:9090"
-ROUTER = "http://10.89.64.13:8000"
+FRONTDOOR = "https://10.89.64.13:8443"  # the router behind it listens on loopback
 MODEL = "/mnt/model/glm/GLM-5.2-NVFP4"
 
 
@@ -64,11 +64,12 @@ def test_pdctl_rules_are_loaded(converged_lab):
 
 
 def test_decode_kv_transfer_count_rises_with_traffic(converged_lab):
-    key = (ROOT / ".lab/secrets/api-key").read_text().strip()
+    key = {c["name"]: c["key"] for c in yaml.safe_load((ROOT / ".lab/secrets/clients.yml").read_text())}["tester"]
     _wait_all_up(_expected_targets())
     before = _kv_pulls()
     for _ in range(3):
-        resp = httpx.post(ROUTER + "/v1/chat/completions", timeout=60, headers={"Authorization": "Bearer " + key},
+        resp = httpx.post(FRONTDOOR + "/v1/chat/completions", timeout=60, headers={"Authorization": "Bearer " + key},
+                          verify=str(ROOT / ".lab/tls/ca.pem"),
                           json={"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
         assert resp.status_code == 200, resp.text
     deadline, after = time.time() + 30, before

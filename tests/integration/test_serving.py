@@ -1,4 +1,5 @@
-"""Serving on the lab: P/D through the real router, restart isolation, pre-switch validation, secrets."""
+"""Serving on the lab: P/D through the front door and the real router, restart isolation, pre-switch
+validation, secrets."""
 import json
 import subprocess
 import time
@@ -13,7 +14,10 @@ from pdctl import cli, runner
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-ROUTER = "http://10.89.64.13:8000"
+# Clients come in through the front door (TLS with the lab's CA, a client key); the router behind it
+# listens on the decode host's loopback only.
+FRONTDOOR = "https://10.89.64.13:8443"
+CA = str(ROOT / ".lab/tls/ca.pem")
 DECODE = "http://10.89.64.13:8100"
 MODEL = "/mnt/model/glm/GLM-5.2-NVFP4"
 INSTANCES = {"lab-prefill-0": ["prefill-0", "prefill-1"], "lab-prefill-1": ["prefill-2", "prefill-3"],
@@ -21,7 +25,13 @@ INSTANCES = {"lab-prefill-0": ["prefill-0", "prefill-1"], "lab-prefill-1": ["pre
 
 
 def api_key():
+    """The deployment key: what the router (and the front door) present to the instances."""
     return (ROOT / ".lab/secrets/api-key").read_text().strip()
+
+
+def client_key(name="tester"):
+    """A front-door client's key (.lab/secrets/clients.yml, made by `pdctl lab up`)."""
+    return {c["name"]: c["key"] for c in yaml.safe_load((ROOT / ".lab/secrets/clients.yml").read_text())}[name]
 
 
 def on_host(host, *argv):
@@ -43,13 +53,13 @@ def kv_pulls():
                if line.startswith("vllm:nixl_xfer_time_seconds_count"))
 
 
-def test_streamed_chat_through_the_router_pulls_kv_from_prefill(converged_lab):
+def test_streamed_chat_through_the_front_door_pulls_kv_from_prefill(converged_lab):
     before = kv_pulls()
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something about GPUs."}],
             "max_tokens": 16, "stream": True}
     tokens = []
-    with httpx.stream("POST", ROUTER + "/v1/chat/completions", json=body, timeout=60,
-                      headers={"Authorization": "Bearer " + api_key()}) as resp:
+    with httpx.stream("POST", FRONTDOOR + "/v1/chat/completions", json=body, timeout=60, verify=CA,
+                      headers={"Authorization": "Bearer " + client_key()}) as resp:
         assert resp.status_code == 200
         for line in resp.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -116,6 +126,13 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
     for path in (tmp_path / "r").rglob("*"):
         if path.is_file():
             assert key not in path.read_text(), path
+    # No process on any host carries a secret in its argv (world-readable in /proc/*/cmdline).
+    clients = [c["key"] for c in yaml.safe_load((ROOT / ".lab/secrets/clients.yml").read_text())]
+    for host in INSTANCES:
+        cmdlines = on_host(host, "sh", "-c", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done")
+        assert len(cmdlines.splitlines()) > 10, "read no process list on %s" % host
+        for secret in [key, hub_token] + clients:
+            assert secret not in cmdlines, "a secret in a process's argv on %s" % host
     # The hosts: journal, units and env files hold no key; only the two 0600 secrets files do.
     for host in INSTANCES:
         journal = on_host(host, "journalctl", "--no-pager", "-o", "cat")
@@ -124,10 +141,14 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
                                 "/var/lib/pdctl", "/mnt/model"], capture_output=True, text=True)
         assert found.returncode == 1 and found.stdout == "", "Hub token on %s in %s" % (host, found.stdout)
         holders = on_host(host, "grep", "-rlF", key, "/etc", "/opt/pdctl", "/var/lib/pdctl").split()
-        expected = {"/etc/pdctl/serving-secrets.env"} | ({"/etc/pdctl/router-secrets.env"} if host == "lab-decode-0" else set())
-        assert set(holders) == expected, host
+        # The router and the front door (its upstream key, root's: HAProxy reads it before dropping
+        # privileges) live on the decode host.
+        owners = {"/etc/pdctl/serving-secrets.env": "600 pdctl"}
+        if host == "lab-decode-0":
+            owners.update({"/etc/pdctl/router-secrets.env": "600 pdctl", "/etc/pdctl/frontdoor-secrets.env": "600 root"})
+        assert set(holders) == set(owners), host
         for path in holders:
-            assert on_host(host, "stat", "-c", "%a %U", path).strip() == "600 pdctl"
+            assert on_host(host, "stat", "-c", "%a %U", path).strip() == owners[path], path
 
 
 # ---------------------------------------------------------------- issue 13 item 4: a stop drains
@@ -135,8 +156,10 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
 def _stream_until_done(url, body, started, results, key):
     chunks, finish = 0, None
     try:
+        through_door = url == FRONTDOOR
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120,
-                          headers={"Authorization": "Bearer " + api_key()}) as resp:
+                          verify=CA if through_door else True,
+                          headers={"Authorization": "Bearer " + (client_key() if through_door else api_key())}) as resp:
             status = resp.status_code
             for line in resp.iter_lines():
                 if line == "data: [DONE]":
@@ -154,7 +177,7 @@ def _stream_until_done(url, body, started, results, key):
 
 @pytest.mark.parametrize("host,instance,url", [
     ("lab-prefill-0", "prefill-0", "http://10.89.64.11:8100"),   # streams served by the prefill instance
-    ("lab-decode-0", "decode-0", ROUTER),                         # P/D streams, decode leg in flight
+    ("lab-decode-0", "decode-0", FRONTDOOR),                      # P/D streams, decode leg in flight
 ])
 def test_systemctl_stop_completes_the_streams_in_flight(converged_lab, host, instance, url):
     import threading
@@ -183,7 +206,7 @@ def test_systemctl_stop_completes_the_streams_in_flight(converged_lab, host, ins
         deadline = time.time() + 180
         while time.time() < deadline:
             try:
-                if httpx.get(url.replace(ROUTER, DECODE) + "/health", timeout=5).status_code == 200:
+                if httpx.get(url.replace(FRONTDOOR, DECODE) + "/health", timeout=5).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

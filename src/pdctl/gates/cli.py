@@ -64,7 +64,7 @@ def add_parser(sub):
     k.add_argument("--sample-interval", type=float, dest="sample_interval_s")
     k.add_argument("--max-rss-slope", type=float, dest="max_rss_slope_mb_per_1k", help="MB per 1,000 requests")
     k.add_argument("--max-latency-drift", type=float, help="relative growth, e.g. 0.25")
-    k.add_argument("--api-key-env", default="PDCTL_API_KEY", help="environment variable holding the router's key")
+    _client_auth(k)
     k.set_defaults(func=_run_soak)
 
 
@@ -221,8 +221,7 @@ def _run_soak(args) -> int:
                     "max_latency_drift", "model"):
             if getattr(args, key, None) is not None:
                 cfg[key] = getattr(args, key)
-        if os.environ.get(args.api_key_env):
-            cfg["api_key"] = os.environ[args.api_key_env]
+        _apply_client_auth(args, cfg)
         instances = []
         for spec in args.instance:
             name, _, inst_url = spec.partition("=")

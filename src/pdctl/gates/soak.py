@@ -34,6 +34,7 @@ DEFAULTS = {
     "max_latency_drift": 0.25,
     "request_timeout_s": 120.0,
     "api_key": None,
+    "ca_file": None,
     "model": None,
 }
 
@@ -119,11 +120,16 @@ def _sample(client: httpx.Client, instances: list[dict], t0: float) -> dict:
     return row
 
 
+def _verify(cfg: dict):
+    """The front door's CA (its certificate is the deployment's own), else the system's trust."""
+    return cfg.get("ca_file") or True
+
+
 def _load(url: str, cfg: dict, model: str, stop: threading.Event, t0: float, out: list, lock: threading.Lock):
     headers = {"Authorization": "Bearer %s" % cfg["api_key"]} if cfg.get("api_key") else {}
     body = {"model": model, "messages": [{"role": "user", "content": cfg["prompt"]}],
             "max_tokens": int(cfg["max_tokens"]), "stream": False}
-    with httpx.Client(timeout=float(cfg["request_timeout_s"]), headers=headers) as client:
+    with httpx.Client(timeout=float(cfg["request_timeout_s"]), headers=headers, verify=_verify(cfg)) as client:
         while not stop.is_set():
             start = time.monotonic()
             try:
@@ -140,7 +146,7 @@ def run(router_url: str, instances: list[dict], cfg: dict | None = None) -> dict
     if not instances:
         raise SoakError("no instances to sample")
     headers = {"Authorization": "Bearer %s" % cfg["api_key"]} if cfg.get("api_key") else {}
-    with httpx.Client(timeout=10, headers=headers) as client:
+    with httpx.Client(timeout=10, headers=headers, verify=_verify(cfg)) as client:
         try:
             model = cfg["model"] or client.get(router_url.rstrip("/") + "/v1/models").json()["data"][0]["id"]
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
