@@ -66,7 +66,7 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     servers = re.findall(r"^\s+server (\S+) (\S+)$", text, re.M)
     assert servers == [(r["host"], "127.0.0.1:8000") for r in plan["routers"]]
     assert "default-server check inter 1000ms fall 2 rise 2" in text
-    assert "http-check send meth GET uri /health" in text
+    assert "http-check send meth GET uri /liveness" in text
     assert "retry-on conn-failure empty-response junk-response" in text
     assert "req.hdr_val(content-length) gt 8388608" in text
     assert "timeout http-request 10s" in text and "timeout server 1800s" in text
