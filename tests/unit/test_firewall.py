@@ -331,13 +331,15 @@ def test_role_checks_before_writing_and_applies_atomically():
     assert "flush ruleset" not in text and "delete table inet pdctl" in text
 
 
-def test_site_runs_the_firewall_after_every_listener_and_before_monitoring():
+def test_site_runs_the_firewall_before_anything_listens():
+    # After host_base (apt points at the store that holds nftables), before every play that starts a
+    # listener: a port is admitted from the planned hosts before it opens, never open to all meanwhile.
     plays = yaml.safe_load((ROOT / "playbooks/site.yml").read_text())
     order = [p.get("tags", [None])[0] for p in plays]
     fw = order.index("firewall")
-    assert order.index("router") < fw < order.index("monitoring")
-    if "frontdoor" in order:
-        assert order.index("frontdoor") < fw
+    assert order.index("host_base") < fw
+    for later in ("model_weights", "vllm", "router", "frontdoor", "monitoring"):
+        assert fw < order.index(later), later
     assert set(plays[fw]["hosts"].split(":")) == {"serving", "router", "frontdoor"}
 
 
