@@ -19,6 +19,7 @@ class Outcome:
     status: int | None
     done: bool
     error: str = ""
+    wall_start: float = 0.0  # time.time() at the start, to compare with a host's journal
 
     @property
     def ok(self) -> bool:
@@ -59,7 +60,7 @@ class StreamLoad:
         headers = {"Authorization": "Bearer " + self.key}
         with httpx.Client(timeout=120, verify=self.verify) as client:
             while not self._stop.is_set():
-                t0, status, done, error = time.monotonic(), None, False, ""
+                t0, wall0, status, done, error = time.monotonic(), time.time(), None, False, ""
                 try:
                     with client.stream("POST", self.url + "/v1/chat/completions", json=body, headers=headers) as resp:
                         status = resp.status_code
@@ -74,7 +75,7 @@ class StreamLoad:
                 except (httpx.HTTPError, ValueError) as exc:
                     error = repr(exc)[:200]
                 with self._lock:
-                    self.outcomes.append(Outcome(t0, time.monotonic(), status, done and not error, error))
+                    self.outcomes.append(Outcome(t0, time.monotonic(), status, done and not error, error, wall0))
 
     # -- figures ------------------------------------------------------------------------------
     def failed(self) -> list:
