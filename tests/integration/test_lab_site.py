@@ -62,7 +62,7 @@ def test_check_diff_on_converged_lab_reports_nothing(check_run):
 # preflight calls). Here one case per way a mistake reaches the planner through Ansible's own
 # inventory: a GPU mask, a port, the group structure (two pools, a group the planner does not know,
 # two routers), the versions manifest, a pool's settings.
-THROUGH_ANSIBLE = ("gpu-overlap", "port-not-a-number", "host-in-two-pools", "host-in-unknown-group", "two-routers",
+THROUGH_ANSIBLE = ("gpu-overlap", "port-not-a-number", "host-in-two-pools", "host-in-unknown-group", "no-router",
                    "different-vllm-versions", "pool-key-nobody-reads")
 LAB_CASES = [c for c in CASES if c[0] in THROUGH_ANSIBLE]
 

@@ -40,8 +40,11 @@ def two_routers(converged_lab, tmp_path):
     result = runner.run_playbook("site.yml", inv, tags=TAGS, envvars=LAB_ENV)
     assert result.ok, result.failures
     yield inv
-    # Back to one router: the second host's router stops, the front door and firewalls forget it.
+    # Back to one router: the second host's router goes (unit and its key), the front door and the
+    # firewalls forget it.
     on_host(SECOND, "systemctl", "disable", "--now", "pdctl-router.service")
+    on_host(SECOND, "rm", "-f", "/etc/systemd/system/pdctl-router.service", "/etc/pdctl/router-secrets.env")
+    on_host(SECOND, "systemctl", "daemon-reload")
     result = runner.run_playbook("site.yml", ROOT / "inventories/lab", tags=TAGS, envvars=LAB_ENV)
     assert result.ok, result.failures
 
