@@ -25,22 +25,18 @@ import zipfile
 from pathlib import Path
 
 
-def _target_args(no_deps: bool, python_version: str | None, platforms: tuple[str, ...]) -> list[str]:
-    """pip's options for the interpreter and platforms the wheels are for."""
-    args = ["--no-deps"] if no_deps else []
-    if python_version:
-        args += ["--python-version", python_version]
-    for platform in platforms:
-        args += ["--platform", platform]
-    return args
-
-
 def download(requirements: list[str], dest: Path, python_version: str | None = None,
              platforms: tuple[str, ...] = (), no_deps: bool = False) -> None:
     """pip download the requirements (with dependencies) as wheels for the target interpreter."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(dest),
-           "--find-links", str(dest)] + _target_args(no_deps, python_version, platforms)
+           "--find-links", str(dest)]
+    if no_deps:
+        cmd.append("--no-deps")
+    if python_version:
+        cmd += ["--python-version", python_version]
+    for platform in platforms:
+        cmd += ["--platform", platform]
     res = subprocess.run(cmd + list(requirements), capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError("pip download %s failed: %s" % (" ".join(requirements), res.stderr.strip()[-2000:]))
@@ -102,7 +98,12 @@ def _resolve(requirements: list[str], wheel_dir: Path, no_deps: bool, python_ver
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                "--report", str(report), "--no-index", "--find-links", str(wheel_dir), "--only-binary=:all:"]
-        cmd += _target_args(no_deps, python_version, platforms)
+        if no_deps:
+            cmd.append("--no-deps")
+        if python_version:
+            cmd += ["--python-version", python_version]
+        for platform in platforms:
+            cmd += ["--platform", platform]
         # Only the wheelhouse counts: no pip configuration (index, constraints) of this machine.
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
         env["PIP_CONFIG_FILE"] = os.devnull

@@ -71,23 +71,17 @@ def unit_state(host, name):
     return dict(line.split("=", 1) for line in out.split())
 
 
-def instance_url(host, name):
-    """http://ADDRESS:PORT of an instance, from its unit as the role wrote it."""
+def wait_restarted(host, name, old_pid, timeout=90):
+    """Seconds until the unit runs a new main process that answers /health."""
     port = on_host(host, "sh", "-c", "grep -o -- '--port [0-9]*' /etc/systemd/system/pdctl-vllm-%s.service"
                    % name).split()[-1]
     address = {"lab-prefill-0": "10.89.64.11", "lab-prefill-1": "10.89.64.12", "lab-decode-0": "10.89.64.13"}[host]
-    return "http://%s:%s" % (address, port)
-
-
-def wait_restarted(host, name, old_pid, timeout=90):
-    """Seconds until the unit runs a new main process that answers /health."""
-    url = instance_url(host, name)
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         state = unit_state(host, name)
         if state["ActiveState"] == "active" and state["MainPID"] not in ("0", old_pid):
             try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if httpx.get("http://%s:%s/health" % (address, port), timeout=2).status_code == 200:
                     return time.monotonic() - t0
             except httpx.HTTPError:
                 pass
@@ -97,8 +91,10 @@ def wait_restarted(host, name, old_pid, timeout=90):
 
 def served_by(host, name):
     """Requests this instance finished (its own counter)."""
-    url = instance_url(host, name)
-    text = httpx.get(url + "/metrics", timeout=5,
+    port = on_host(host, "sh", "-c", "grep -o -- '--port [0-9]*' /etc/systemd/system/pdctl-vllm-%s.service"
+                   % name).split()[-1]
+    address = {"lab-prefill-0": "10.89.64.11", "lab-prefill-1": "10.89.64.12", "lab-decode-0": "10.89.64.13"}[host]
+    text = httpx.get("http://%s:%s/metrics" % (address, port), timeout=5,
                      headers={"Authorization": "Bearer " + api_key()}).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:request_success_total"))

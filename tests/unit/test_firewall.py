@@ -13,7 +13,7 @@ import yaml
 
 import requires
 from inventories import ROOT, inventory_variant
-from pdctl import inventory
+from pdctl import cli, inventory
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import firewall
 
 LAB = {"lab-prefill-0": "10.89.64.11", "lab-prefill-1": "10.89.64.12", "lab-decode-0": "10.89.64.13"}
@@ -256,6 +256,15 @@ def test_host_addresses_take_ip_literals_only():
 
 
 # -- the rendered file (the role's template and filter, through `pdctl render`) ------------------------
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = {}
+    for inv in ("lab", "b300"):
+        d = tmp_path_factory.mktemp("render-" + inv)
+        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        out[inv] = d
+    return out
 
 
 def _netns(script):

@@ -20,6 +20,15 @@ from pdctl.lab import store
 ROLE = ROOT / "roles/frontdoor"
 
 
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = {}
+    for inv in ("b300", "lab"):
+        d = tmp_path_factory.mktemp(inv)
+        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        out[inv] = d
+    return out
+
 
 def _cfg(rendered, inv):
     plan = inventory.plan(ROOT / "inventories" / inv)

@@ -40,6 +40,15 @@ def exec_start(unit_text):
     return shlex.split(line[len("ExecStart="):].replace("%%", "%"))
 
 
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = {}
+    for inv in ("b300", "lab"):
+        d = tmp_path_factory.mktemp(inv)
+        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        out[inv] = d
+    return out
+
 
 def units(root, pattern="pdctl-vllm-*.service"):
     return {p.name: p.read_text() for p in root.glob("*/etc/systemd/system/" + pattern)}
