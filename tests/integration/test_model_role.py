@@ -47,6 +47,8 @@ def playbook(tmp, hub_url, revision, port, extra=""):
     (tmp / "hosts.json").write_text(json.dumps(inv))
     (tmp / "play.yml").write_text(
         "- name: Model weights\n  hosts: all\n  gather_facts: false\n  become: false\n"
+        # as site.yml runs it: the fan-out server's async job needs Ansible's own linear strategy
+        "  strategy: ansible.builtin.linear\n"
         "  roles:\n    - role: pdctl.vllm_pd.model_weights\n" + extra)
 
 

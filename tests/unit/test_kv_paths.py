@@ -155,7 +155,10 @@ def run_offline(tmp_path, check):
                               "ANSIBLE_ASYNC_DIR": str(tmp_path / "async"),
                               "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"})
     out = json.loads(res.stdout[res.stdout.index("{"):])
-    tasks = {t["task"]["name"]: t["hosts"] for t in out["plays"][0]["tasks"]}
+    # One entry per task and host batch: the json callback may list a task once per host (merged here).
+    tasks = {}
+    for t in out["plays"][0]["tasks"]:
+        tasks.setdefault(t["task"]["name"], {}).update(t["hosts"])
     return res.returncode, tasks, res.stdout + res.stderr
 
 
