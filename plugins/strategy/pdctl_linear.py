@@ -21,7 +21,7 @@ author: pdctl
 """
 
 try:
-    import ansible_mitogen.loaders  # noqa: F401  (Mitogen's loaders must be imported before its strategy)
+    import ansible_mitogen.loaders
     import ansible_mitogen.strategy
 except ImportError:
     Display().warning("mitogen is not installed: running the plain linear strategy (slower, same results)")
