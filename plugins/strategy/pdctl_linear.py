@@ -21,6 +21,7 @@ author: pdctl
 """
 
 try:
+    # Mitogen checks the Ansible release and sets up its loaders on this import, before its strategy.
     import ansible_mitogen.loaders
     import ansible_mitogen.strategy
 except ImportError:
