@@ -4,8 +4,11 @@
   Ansible Vault entries);
 - TLS: a lab CA and a server certificate for the front-door hosts (.lab/tls, see pdctl.lab.tls);
 - the synthetic model, served by a Hub API stub on the lab network (the real Hub client code runs);
-- the wheelhouse: the engine stand-in built from this checkout, NIXL and vllm-router, with deps,
-  and a hash-pinned lock per venv (requirements-<set>.txt, see pdctl.wheelhouse).
+- the wheelhouse: the engine stand-in built from this checkout as four releases (A, B, bad-sla,
+  bad-accuracy; pdctl.lab.releases), NIXL and vllm-router, with deps, and a hash-pinned lock per
+  venv (requirements-<set>.txt, see pdctl.wheelhouse): one per stand-in release
+  (requirements-vllm-lab-<version>.txt), the deployed release's again under the vllm role's
+  default name (requirements-vllm-<pdctl_versions.vllm>.txt), and the router's.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 from pdctl import collection, inventory, wheelhouse
-from pdctl.lab import daemon, image, tls
+from pdctl.lab import daemon, image, releases, tls
 
 HUB_PORT = 8781
 MODEL_SIZE_MB = 1024
@@ -94,8 +97,9 @@ def _serve_hub(model_dir: str, bind: str, port: str, token_file: str) -> None:
 
 # -- wheels --------------------------------------------------------------------------------------
 
-def _build_engine_wheel(dest: Path) -> Path:
-    """The stand-in as its own small distribution: the engine package and its runtime deps only."""
+def _build_engine_wheel(dest: Path, identity: dict) -> Path:
+    """One stand-in release as its own small distribution: the engine package, its identity
+    (pdctl/lab/engine/_release.py, see pdctl.lab.releases) and its runtime deps only."""
     root = collection.root()
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     pins = {p.split("==")[0].lower(): p for p in project["dependencies"] + project["optional-dependencies"]["lab"]}
@@ -107,29 +111,58 @@ def _build_engine_wheel(dest: Path) -> Path:
              "pdctl/lab/tokenizer.py": (lab / "tokenizer.py").read_bytes()}
     for path in sorted((lab / "engine").rglob("*.py")):
         files["pdctl/lab/engine/" + path.relative_to(lab / "engine").as_posix()] = path.read_bytes()
-    return wheelhouse.build_pure_wheel(dest, ENGINE_DIST, project["version"], files, deps,
+    files["pdctl/lab/engine/_release.py"] = releases.release_module(identity)
+    return wheelhouse.build_pure_wheel(dest, ENGINE_DIST, identity["version"], files, deps,
                                        console_scripts={"pdctl-lab-engine": "pdctl.lab.engine.cli:main"})
 
 
+def engine_locks(hv: dict) -> dict[str, tuple[list[str], list[str]]]:
+    """{install set: (requirements, no-deps requirements)} of the engine venvs, from one host's vars.
+
+    Every stand-in release gets set vllm-lab-<version> (a role picks release B with vllm_version
+    "lab-<B's version>"); the deployed release (pdctl_lab_engine_version) is also set
+    vllm-<pdctl_versions.vllm>, the name the vllm role's default vllm_version asks for.
+    """
+    engine = list(hv["pdctl_engine"]["packages"])
+    no_deps = list(hv["pdctl_engine"].get("packages_no_deps") or [])
+    others = [r for r in engine if not r.startswith(ENGINE_DIST)]
+    locks = {"vllm-%s" % hv["pdctl_versions"]["vllm"]: (engine, no_deps)}
+    for identity in releases.identities(hv["pdctl_lab_engine_releases"]).values():
+        locks[releases.lock_set(identity["version"])] = (
+            ["%s==%s" % (ENGINE_DIST, identity["version"])] + others, no_deps)
+    return locks
+
+
 def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
-    hosts = inventory.load(inventory_dir, names=("pdctl_engine", "pdctl_versions"))
+    hosts = inventory.load(inventory_dir, names=("pdctl_engine", "pdctl_versions", "pdctl_lab_engine_releases",
+                                                 "pdctl_lab_engine_version"))
     hv = next(iter(hosts.values()))["vars"]
     engine = list(hv["pdctl_engine"]["packages"])
     router = ["vllm-router==%s" % hv["pdctl_versions"]["vllm_router"]]
     requirements = [r for r in engine if not r.startswith(ENGINE_DIST)] + router
     no_deps = list(hv["pdctl_engine"].get("packages_no_deps") or [])
+    identities = releases.identities(hv["pdctl_lab_engine_releases"])
+    deployed = [i for i in identities.values() if i["version"] == str(hv["pdctl_lab_engine_version"])]
+    if not deployed:
+        raise RuntimeError("pdctl_lab_engine_version %s is none of pdctl_lab_engine_releases %s"
+                           % (hv["pdctl_lab_engine_version"], hv["pdctl_lab_engine_releases"]))
     # One hash-pinned lock per venv, named as the roles ask for it (vllm-<release>, router-<release>).
-    locks = {"vllm-%s" % hv["pdctl_versions"]["vllm"]: (engine, no_deps),
-             "router-%s" % hv["pdctl_versions"]["vllm_router"]: (router, [])}
+    locks = dict(engine_locks(hv), **{"router-%s" % hv["pdctl_versions"]["vllm_router"]: (router, [])})
     engine_src = sorted((collection.root() / "src/pdctl/lab/engine").rglob("*.py")) + [
         collection.root() / "src/pdctl/lab/tokenizer.py", collection.root() / "pyproject.toml", Path(wheelhouse.__file__)]
-    key = hashlib.sha256(("\0".join(engine + requirements + no_deps + sorted(locks))
-                          + _digest(*engine_src)).encode()).hexdigest()[:12]
+    # The key covers every input of the wheelhouse: the sets and their requirements, the engine's
+    # source, and each release's identity exactly as its wheel carries it.
+    identity_src = b"".join(releases.release_module(i) for _, i in sorted(identities.items()))
+    key = hashlib.sha256(("\0".join(engine + requirements + no_deps + sorted(locks)
+                                    + ["%s=%s" % (k, v) for k, v in sorted(locks.items())])
+                          + _digest(*engine_src) + hashlib.sha256(identity_src).hexdigest()).encode()).hexdigest()[:12]
     cache = image.cache_dir() / ("wheels-" + key)
     if not (cache / ".complete").exists():
         t0 = time.monotonic()
         shutil.rmtree(cache, ignore_errors=True)
-        wheelhouse.download([str(_build_engine_wheel(cache))] + requirements, cache)
+        built = {name: _build_engine_wheel(cache, identity) for name, identity in sorted(identities.items())}
+        # The releases share their dependencies: the deployed one's wheel brings them in.
+        wheelhouse.download([str(built[deployed[0]["name"]])] + requirements, cache)
         if no_deps:
             wheelhouse.download(no_deps, cache, no_deps=True)
         for name, (reqs, reqs_no_deps) in sorted(locks.items()):

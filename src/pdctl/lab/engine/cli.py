@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer, template, max_len = load_model_dir(args.model, args.tokenizer)
     if args.max_model_len:
         max_len = int(str(args.max_model_len).lower().replace("k", "000"))
+    from pdctl.lab.engine import RELEASE
+
+    log.info("stand-in release %s (%s), impersonating vLLM %s", RELEASE["name"], RELEASE["version"],
+             RELEASE["vllm_version"])
     log.info("model=%s served_model_name=%s kv_role=%s dp=%d tp=%d spec_tokens=%d gpus=%s "
              "VLLM_USE_V2_MODEL_RUNNER=%s side_channel=%s:%s",
              args.model, args.served_model_name, engine_args.kv_role(args), dp_local,

@@ -2,12 +2,16 @@
 VLLM_NIXL_SIDE_CHANNEL_PORT + rank) serving leased "KV" as real bytes, and the consumer's pull.
 
 Wire format (ours; NIXL's own is not reproduced): the consumer sends one JSON line
-{"remote_request_id", "remote_engine_id", "compat"}; the producer answers one JSON line
-{"ok": true, "nbytes": N} followed by N bytes, or {"ok": false, "error": "..."}.
+{"remote_request_id", "remote_engine_id", "compat", "release"}; the producer answers one JSON line
+{"ok": true, "nbytes": N} followed by N bytes, or {"ok": false, "error": "..."}; a refused
+handshake (compatibility hash mismatch, as vLLM's enforce_handshake_compat) also names the
+producer's release, {"ok": false, "compat_mismatch": true, "release": {...}}, so the consumer can
+say which two releases met. "release" is {"name", "version", "vllm_version"} of a stand-in release.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 import time
@@ -16,7 +20,25 @@ CHUNK = memoryview(bytes(1 << 20))
 
 
 class KVPullError(Exception):
-    pass
+    """A failed pull. compat_mismatch: the producer refused the handshake (another release);
+    remote_release: the producer's release identity when it said."""
+
+    def __init__(self, message: str, compat_mismatch: bool = False, remote_release: dict | None = None):
+        super().__init__(message)
+        self.compat_mismatch, self.remote_release = compat_mismatch, remote_release
+
+
+def compat_hash(vllm_version: str, model: str, speculative_method: str) -> str:
+    """The stand-in's NIXL compatibility hash: what differs between releases or models refuses the
+    handshake (vLLM's covers more factors: KV dtype, attention backend, connector version...)."""
+    return hashlib.sha256(f"{vllm_version}|{model}|{speculative_method}".encode()).hexdigest()[:16]
+
+
+def release_summary(release: dict | None) -> dict | None:
+    """The part of a RELEASE dict that travels on the side channel."""
+    if not release:
+        return None
+    return {k: release.get(k) for k in ("name", "version", "vllm_version")}
 
 
 class Leases:
@@ -90,7 +112,8 @@ class SideChannel:
         self.sock.close()
 
 
-async def serve_side_channel(host: str, port: int, leases: Leases, compat: str) -> SideChannel:
+async def serve_side_channel(host: str, port: int, leases: Leases, compat: str,
+                             release: dict | None = None) -> SideChannel:
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -104,7 +127,8 @@ async def serve_side_channel(host: str, port: int, leases: Leases, compat: str) 
             req = json.loads(line)
             lease = None
             if req.get("compat") != compat:
-                reply = {"ok": False, "error": "handshake compatibility hash mismatch"}
+                reply = {"ok": False, "error": "handshake compatibility hash mismatch", "compat_mismatch": True,
+                         "release": release_summary(release)}
             else:
                 lease = leases.take(req.get("remote_request_id", ""), req.get("remote_engine_id", ""))
                 reply = ({"ok": True, "nbytes": lease[1]} if lease else
@@ -130,7 +154,7 @@ async def serve_side_channel(host: str, port: int, leases: Leases, compat: str) 
 
 
 async def pull(host: str, port: int, remote_request_id: str, remote_engine_id: str, compat: str,
-               timeout_s: float = 30.0) -> int:
+               timeout_s: float = 30.0, release: dict | None = None) -> int:
     """Read the request's KV from the producer; returns the byte count or raises KVPullError."""
     loop = asyncio.get_running_loop()
     conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -142,11 +166,13 @@ async def pull(host: str, port: int, remote_request_id: str, remote_engine_id: s
             raise KVPullError(f"NIXL handshake with {host}:{port} failed: {exc!r}") from None
         await loop.sock_sendall(conn, json.dumps({"remote_request_id": remote_request_id,
                                                   "remote_engine_id": remote_engine_id,
-                                                  "compat": compat}).encode() + b"\n")
+                                                  "compat": compat,
+                                                  "release": release_summary(release)}).encode() + b"\n")
         line, rest = await asyncio.wait_for(_recv_line(loop, conn), timeout_s)
         reply = json.loads(line)
         if not reply.get("ok"):
-            raise KVPullError(f"KV transfer from {host}:{port} failed: {reply.get('error', 'no reply')}")
+            raise KVPullError(f"KV transfer from {host}:{port} failed: {reply.get('error', 'no reply')}",
+                              bool(reply.get("compat_mismatch")), reply.get("release"))
         nbytes = int(reply["nbytes"])
         got = len(rest)
         buf = bytearray(min(nbytes, 1 << 20) or 1)

@@ -1,5 +1,9 @@
 """vLLM's Prometheus metrics (names, types, buckets, labels as vLLM 0.33 exports them), rendered
-in the Prometheus text format 0.0.4 the way prometheus_client does (counters get ``_total``)."""
+in the Prometheus text format 0.0.4 the way prometheus_client does (counters get ``_total``).
+
+Lab-only series (never vLLM's) are named ``pdctl_lab_...``: ``pdctl_lab_engine_info`` (the release,
+with the vLLM version it impersonates as label ``version``) and, on a KV consumer,
+``pdctl_lab_cross_release_pairs_total`` (KV pulls refused because the producer runs another release)."""
 from __future__ import annotations
 
 import math
@@ -115,8 +119,14 @@ class EngineMetrics:
 
     FINISH_REASONS = ("stop", "length", "abort", "error")
 
-    def __init__(self, model_name: str, dp_size: int, spec_decode: bool, kv_connector: bool):
+    def __init__(self, model_name: str, dp_size: int, spec_decode: bool, kv_connector: bool,
+                 release: dict | None = None):
         self.model_name = model_name
+        release = release or {}
+        self.info = Gauge("pdctl_lab_engine_info", "Lab stand-in release; label version is the vLLM version it "
+                          "impersonates (what /version answers).", ("model_name", "version", "release", "standin_version"))
+        self.info.set((model_name, release.get("vllm_version", ""), release.get("name", ""),
+                       release.get("version", "")), 1)
         self.engines = [str(i) for i in range(dp_size)]
         self.start_time = time.time()
         self.all = []
@@ -173,6 +183,11 @@ class EngineMetrics:
                                         "tracked on the P instance.")
             for m in (self.nixl_xfer_time, self.nixl_bytes, self.nixl_failed, self.nixl_expired):
                 add(m)
+            # Lab only: pulls refused by a producer of another release (also in nixl_failed).
+            self.cross_release = Counter("pdctl_lab_cross_release_pairs",
+                                         "Lab stand-in: KV pulls refused because prefill and decode run "
+                                         "different releases (NIXL compatibility hash mismatch).")
+            add(self.cross_release)
         # vLLM creates every per-engine series up front, so they exist (at 0) before traffic.
         for e in self.engines:
             key = (model_name, e)
@@ -189,6 +204,7 @@ class EngineMetrics:
     def render(self) -> str:
         lines: list[str] = []
         lines += _process_metrics(self.start_time)
+        lines += self.info.render()
         for m in self.all:
             lines += m.render()
         return "\n".join(lines) + "\n"

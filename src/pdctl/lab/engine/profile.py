@@ -1,4 +1,5 @@
-"""The latency/answers/faults profile (YAML), from $PDCTL_ENGINE_PROFILE or built-in defaults."""
+"""The latency/answers/faults profile (YAML), from $PDCTL_ENGINE_PROFILE, over this release's
+traits (pdctl.lab.engine.RELEASE["profile"]), over the built-in defaults."""
 from __future__ import annotations
 
 import copy
@@ -12,6 +13,7 @@ DEFAULTS = {
         "prefill_overhead_ms": 20,
         "decode_step_ms": 30,
         "decode_step_ms_per_request": 0.05,
+        "decode_slowdown": 1.0,             # multiplies every decode step (release bad-sla: several x)
         "mtp_acceptance_rate": 0.8,
         "kv_bytes_per_token": 1024,
     },
@@ -26,21 +28,27 @@ DEFAULTS = {
 }
 
 
-def load(path: str | None = None) -> dict:
-    """Merge the YAML profile over the defaults; unknown sections or keys are an error."""
-    path = path if path is not None else os.environ.get("PDCTL_ENGINE_PROFILE", "")
-    profile = copy.deepcopy(DEFAULTS)
-    if not path:
-        return profile
-    with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
+def _merge(profile: dict, data: dict, where: str) -> None:
     for section, values in data.items():
         if section not in profile:
-            raise ValueError(f"{path}: unknown profile section {section!r}")
+            raise ValueError(f"{where}: unknown profile section {section!r}")
         for key, value in (values or {}).items():
             if key not in profile[section]:
-                raise ValueError(f"{path}: unknown key {section}.{key}")
+                raise ValueError(f"{where}: unknown key {section}.{key}")
             profile[section][key] = value
+
+
+def load(path: str | None = None, release: dict | None = None) -> dict:
+    """Merge the YAML profile over the release's traits over the defaults; unknown sections or
+    keys are an error. release: a RELEASE dict (default: this installed release's)."""
+    path = path if path is not None else os.environ.get("PDCTL_ENGINE_PROFILE", "")
+    if release is None:
+        from pdctl.lab.engine import RELEASE as release
+    profile = copy.deepcopy(DEFAULTS)
+    _merge(profile, release.get("profile") or {}, "release %s" % release.get("name"))
+    if path:
+        with open(path, encoding="utf-8") as fh:
+            _merge(profile, yaml.safe_load(fh) or {}, path)
     if profile["answers"]["mode"] not in ("normal", "unparsable"):
         raise ValueError(f"{path}: answers.mode must be normal or unparsable")
     return profile
@@ -58,5 +66,10 @@ def expected_ttft_s(profile: dict, prompt_tokens: int) -> float:
 
 def expected_tpot_s(profile: dict, running: int, num_speculative_tokens: int) -> float:
     lat = profile["latency"]
-    step = (lat["decode_step_ms"] + lat["decode_step_ms_per_request"] * running) / 1000
-    return step / tokens_per_step(lat["mtp_acceptance_rate"], num_speculative_tokens)
+    return decode_step_s(profile, running) / tokens_per_step(lat["mtp_acceptance_rate"], num_speculative_tokens)
+
+
+def decode_step_s(profile: dict, running: int) -> float:
+    """One decode step of a batch of `running` requests (the release's slowdown included)."""
+    lat = profile["latency"]
+    return (lat["decode_step_ms"] + lat["decode_step_ms_per_request"] * running) * lat["decode_slowdown"] / 1000

@@ -22,7 +22,8 @@ import uuid
 
 from aiohttp import web
 
-from pdctl.lab.engine import VLLM_VERSION, answers, kv
+from pdctl.lab.engine import RELEASE, answers, kv
+from pdctl.lab.engine import profile as engine_profile
 from pdctl.lab.engine.args import kv_role, num_speculative_tokens
 from pdctl.lab.engine.metrics import EngineMetrics
 
@@ -69,7 +70,9 @@ class Rank:
 
 
 class Engine:
-    def __init__(self, args, profile: dict, tokenizer, chat_template: str, max_model_len: int):
+    def __init__(self, args, profile: dict, tokenizer, chat_template: str, max_model_len: int,
+                 release: dict | None = None):
+        self.release = release or RELEASE  # this stand-in release's identity (pdctl.lab.releases)
         self.args, self.profile, self.tokenizer = args, profile, tokenizer
         self.max_model_len = max_model_len
         import jinja2
@@ -86,7 +89,7 @@ class Engine:
         self.dp = args.data_parallel_size_local or args.data_parallel_size
         self.dp_start = args.data_parallel_start_rank or 0
         self.ranks = [Rank(i, args.max_num_seqs or DEFAULT_MAX_NUM_SEQS) for i in range(self.dp)]
-        self.metrics = EngineMetrics(self.model_name, self.dp, self.num_spec > 0, bool(self.role))
+        self.metrics = EngineMetrics(self.model_name, self.dp, self.num_spec > 0, bool(self.role), self.release)
         lat = profile["latency"]
         self.lat = lat
         ans = profile["answers"]
@@ -95,7 +98,7 @@ class Engine:
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         spec = (args.speculative_config or {}).get("method", "none")
-        self.compat = hashlib.sha256(f"{VLLM_VERSION}|{args.model}|{spec}".encode()).hexdigest()[:16]
+        self.compat = kv.compat_hash(self.release["vllm_version"], args.model, spec)
         self.leases = kv.Leases(self.lease_s, self._lease_expired)
         self.draining = False
         self.dead = False                      # an engine core died: requests in flight were aborted
@@ -119,13 +122,21 @@ class Engine:
             m.waiting.set(key, r.waiting)
             m.kv_usage.set(key, min(1.0, r.kv_tokens / KV_CAPACITY_TOKENS))
 
+    def cross_release_pair(self, key: tuple, request_id: str, remote: dict | None) -> None:
+        """A prefill of another release served this request's prefill: count it, one log line."""
+        self.metrics.cross_release.inc(key)
+        remote = remote or {}
+        log.error("cross-release pair for %s: decode release %s (vLLM %s) refused KV from prefill release %s "
+                  "(vLLM %s)", request_id, self.release.get("name"), self.release.get("vllm_version"),
+                  remote.get("name", "unknown"), remote.get("vllm_version", "unknown"))
+
     def pick_rank(self, header: str | None) -> Rank:
         if header is not None and header.strip().isdigit():
             return self.ranks[int(header) % self.dp]
         return min(self.ranks, key=lambda r: (r.running + r.waiting, r.index))
 
     def step_s(self, rank: Rank) -> float:
-        return (self.lat["decode_step_ms"] + self.lat["decode_step_ms_per_request"] * rank.running) / 1000
+        return engine_profile.decode_step_s(self.profile, rank.running)
 
     def prefill_s(self, prompt_tokens: int) -> float:
         return self.lat["prefill_overhead_ms"] / 1000 + prompt_tokens / self.lat["prefill_tokens_per_s"]
@@ -232,12 +243,14 @@ class Engine:
                     t0 = loop.time()
                     nbytes = await kv.pull(kvp.get("remote_host"), int(kvp.get("remote_port")),
                                            kvp.get("remote_request_id", ""), kvp.get("remote_engine_id", ""),
-                                           self.compat)
+                                           self.compat, release=self.release)
                     m.nixl_xfer_time.observe(key, loop.time() - t0)
                     m.nixl_bytes.observe(key, nbytes)
                 except (kv.KVPullError, TypeError, ValueError) as exc:
                     m.nixl_failed.inc(key)
                     log.error("KV load failed for %s: %s", req["id"], exc)
+                    if getattr(exc, "compat_mismatch", False):
+                        self.cross_release_pair(key, req["id"], exc.remote_release)
                     if self.load_failure_policy != "recompute":
                         raise RequestFailed(500, "InternalServerError", "Internal server error") from None
                     await asyncio.sleep(self.prefill_s(req["prompt_tokens"]))
@@ -563,7 +576,7 @@ async def handle_health(request):
 
 
 async def handle_version(request):
-    return web.json_response({"version": VLLM_VERSION})
+    return web.json_response({"version": request.app["engine"].release["vllm_version"]})
 
 
 async def handle_load(request):
@@ -622,7 +635,8 @@ async def serve(engine: Engine) -> int:
     if engine.role == "kv_producer" and not engine.faults.get("refuse_side_channel"):
         for i in range(engine.dp):
             port = engine.side_port + engine.dp_start + i
-            side_servers.append(await kv.serve_side_channel(engine.side_host, port, engine.leases, engine.compat))
+            side_servers.append(await kv.serve_side_channel(engine.side_host, port, engine.leases, engine.compat,
+                                                            engine.release))
             log.info("NIXL side channel (DP rank %d) listening on %s:%d", i, engine.side_host, port)
     runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False,
                            shutdown_timeout=1.0)
