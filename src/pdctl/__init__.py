@@ -11,10 +11,14 @@ def _use_ansible_collection_loader() -> None:
     """
     import sys
 
-    # Inside an Ansible module (the gate modules import pdctl.gates) ansible.module_utils comes from
-    # the module's payload zip, with the module's own loader: Ansible's controller code must not mix in.
+    # Inside an Ansible module (the gate modules import pdctl.gates) Ansible's controller code must not
+    # mix in: its module_utils come from the module's payload zip (AnsiballZ), or, under Mitogen
+    # (plugins/strategy/pdctl_linear.py), the module runs in a persistent interpreter that was handed its
+    # arguments in ansible.module_utils.basic._ANSIBLE_ARGS.
     module_utils = sys.modules.get("ansible.module_utils")
     if ".zip" in (getattr(module_utils, "__file__", None) or ""):
+        return
+    if getattr(sys.modules.get("ansible.module_utils.basic"), "_ANSIBLE_ARGS", None) is not None:
         return
     try:
         from ansible.utils.collection_loader import AnsibleCollectionConfig

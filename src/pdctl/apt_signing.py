@@ -12,10 +12,12 @@ whose Release does not verify against it is refused. The key lives in a GnuPG ho
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 PUBLIC_ASC = "pdctl-store.asc"
@@ -27,8 +29,24 @@ class SigningError(RuntimeError):
     pass
 
 
+def _home(key_dir: Path) -> str:
+    """The GnuPG home as gpg is given it. gpg-agent's sockets live in the home, and a Unix socket path
+    may not exceed 107 bytes: a deep home (a checkout far down a tree, a test's tmp dir) is reached
+    through a short, stable link in the temp directory instead."""
+    home = (key_dir / "gnupg").resolve()
+    if len(str(home)) <= 64:
+        return str(home)
+    link = Path(tempfile.gettempdir()) / ("pdctl-gnupg-" + hashlib.sha256(str(home).encode()).hexdigest()[:12])
+    if not (link.is_symlink() and os.readlink(link) == str(home)):
+        tmp = link.with_name(link.name + ".%d" % os.getpid())
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(home)
+        os.replace(tmp, link)
+    return str(link)
+
+
 def _gpg(key_dir: Path, *args: str, **kw) -> subprocess.CompletedProcess:
-    home = key_dir / "gnupg"
+    home = _home(key_dir)
     if not shutil.which("gpg"):
         raise SigningError("gpg is not installed (scripts/bootstrap installs it; apt-get install gpg)")
     res = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--quiet", "--no-tty", *args],
@@ -41,7 +59,7 @@ def _gpg(key_dir: Path, *args: str, **kw) -> subprocess.CompletedProcess:
 
 def _stop_agent(key_dir: Path) -> None:
     # gpg starts an agent per home directory; leave none behind.
-    subprocess.run(["gpgconf", "--homedir", str(key_dir / "gnupg"), "--kill", "gpg-agent"],
+    subprocess.run(["gpgconf", "--homedir", _home(key_dir), "--kill", "gpg-agent"],
                    capture_output=True, check=False)
 
 
