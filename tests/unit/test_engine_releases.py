@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from inventories import ROOT
+from test_supply_chain import fake_download
 from pdctl import wheelhouse
 from pdctl.lab import releases, stage
 from pdctl.lab.engine import answers, args as engine_args, kv, profile as engine_profile
@@ -89,6 +90,14 @@ def test_a_checkout_runs_as_release_a_without_traits():
 
     assert engine.VLLM_VERSION == releases.TRAITS["A"]["vllm_version"] == releases.SOURCE["vllm_version"]
     assert engine.RELEASE["profile"] == {} and engine_profile.load("") == engine_profile.DEFAULTS
+
+
+def _pull_request(decode, port, pieces):
+    """A decode-side request that pulls lease r1 of engine p_dp0 through the side channel on port."""
+    return {"id": "chatcmpl-r1", "arrival": asyncio.get_running_loop().time(), "prompt_tokens": 4,
+            "pieces": [("x", False)] * pieces, "finish": "stop", "rank": decode.ranks[0],
+            "kv_params": {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": port,
+                          "remote_request_id": "r1", "remote_engine_id": "p_dp0"}}
 
 
 def _free_port() -> int:
@@ -184,10 +193,7 @@ def test_a_refused_cross_release_pull_is_counted_and_logged_once(installed, mode
         chan = await kv.serve_side_channel("127.0.0.1", port, producer.leases, producer.compat, producer.release)
         try:
             producer.leases.add("r1", 1024, 0, "p_dp0")
-            req = {"id": "chatcmpl-r1", "arrival": asyncio.get_running_loop().time(), "prompt_tokens": 4,
-                   "pieces": [("x", False)] * 3, "finish": "stop", "rank": decode.ranks[0],
-                   "kv_params": {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": port,
-                                 "remote_request_id": "r1", "remote_engine_id": "p_dp0"}}
+            req = _pull_request(decode, port, pieces=3)
             with pytest.raises(RequestFailed):
                 async for _ in decode.run(req):
                     pass
@@ -215,10 +221,7 @@ def test_a_same_release_pull_is_not_a_cross_release_pair(installed, model_dir):
         chan = await kv.serve_side_channel("127.0.0.1", port, producer.leases, producer.compat, producer.release)
         try:
             producer.leases.add("r1", 1024, 0, "p_dp0")
-            req = {"id": "chatcmpl-r1", "arrival": asyncio.get_running_loop().time(), "prompt_tokens": 4,
-                   "pieces": [("x", False)] * 2, "finish": "stop", "rank": decode.ranks[0],
-                   "kv_params": {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": port,
-                                 "remote_request_id": "r1", "remote_engine_id": "p_dp0"}}
+            req = _pull_request(decode, port, pieces=2)
             return decode, [e async for e in decode.run(req)]
         finally:
             chan.close()
@@ -262,24 +265,9 @@ def test_release_names_are_validated(versions, message):
         releases.identities(versions)
 
 
-def _fake_download(requirements, dest, python_version=None, platforms=(), no_deps=False):
-    """`pip download` without a network: the stand-in wheel's requirements built as empty wheels."""
-    todo = list(requirements)
-    while todo:
-        req = todo.pop()
-        if req.endswith(".whl"):
-            with zipfile.ZipFile(req) as zf:
-                meta = next(n for n in zf.namelist() if n.endswith("/METADATA"))
-                todo += [ln.split(": ", 1)[1] for ln in zf.read(meta).decode().splitlines()
-                         if ln.startswith("Requires-Dist: ")]
-            continue
-        name, version = req.split(";")[0].strip().split("==")
-        wheelhouse.build_pure_wheel(dest, name, version, {}, [])
-
-
 def test_each_release_has_its_own_lock_and_the_cache_key_follows_identities(tmp_path, monkeypatch):
     monkeypatch.setattr(stage.image, "cache_dir", lambda: tmp_path / "cache")
-    monkeypatch.setattr(stage.wheelhouse, "download", _fake_download)
+    monkeypatch.setattr(stage.wheelhouse, "download", fake_download)
     (tmp_path / "cache").mkdir()
     (tmp_path / "lab" / "store").mkdir(parents=True)
     stage.ensure_wheels(tmp_path / "lab", ROOT / "inventories" / "lab")

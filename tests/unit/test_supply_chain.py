@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -183,27 +184,27 @@ def test_pip_installs_the_lock_and_refuses_a_wheel_whose_hash_is_not_in_it(tmp_p
     assert bad.returncode != 0 and "DO NOT MATCH THE HASHES" in bad.stderr, bad.stderr
 
 
+def fake_download(requirements, dest, python_version=None, platforms=(), no_deps=False):
+    """`pip download` without a network: the stand-in wheel's requirements built as empty wheels."""
+    todo = list(requirements)
+    while todo:
+        req = todo.pop()
+        if req.endswith(".whl"):
+            with zipfile.ZipFile(req) as zf:
+                meta = next(n for n in zf.namelist() if n.endswith("/METADATA"))
+                todo += [ln.split(": ", 1)[1] for ln in zf.read(meta).decode().splitlines()
+                         if ln.startswith("Requires-Dist: ")]
+            continue
+        name, version = req.split(";")[0].strip().split("==")
+        wheelhouse.build_pure_wheel(dest, name, version, {}, [])
+
+
 def test_lab_stages_one_lock_per_venv_named_as_the_roles_ask(tmp_path, monkeypatch):
     """ensure_wheels with `pip download` replaced by locally built wheels: both locks, NIXL pinned."""
-    import zipfile
-
     from pdctl.lab import stage
 
-    def download(requirements, dest, python_version=None, platforms=(), no_deps=False):
-        todo = list(requirements)
-        while todo:
-            req = todo.pop()
-            if req.endswith(".whl"):  # the stand-in engine: fetch what it requires
-                with zipfile.ZipFile(req) as zf:
-                    meta = next(n for n in zf.namelist() if n.endswith("/METADATA"))
-                    todo += [ln.split(": ", 1)[1] for ln in zf.read(meta).decode().splitlines()
-                             if ln.startswith("Requires-Dist: ")]
-                continue
-            name, version = req.split(";")[0].strip().split("==")
-            wheelhouse.build_pure_wheel(dest, name, version, {}, [])
-
     monkeypatch.setattr(stage.image, "cache_dir", lambda: tmp_path / "cache")
-    monkeypatch.setattr(stage.wheelhouse, "download", download)
+    monkeypatch.setattr(stage.wheelhouse, "download", fake_download)
     (tmp_path / "cache").mkdir()
     (tmp_path / "lab" / "store").mkdir(parents=True)
     stage.ensure_wheels(tmp_path / "lab", ROOT / "inventories" / "lab")
