@@ -267,10 +267,13 @@ def rules(plan, inputs):
         for router in (r for r in routers if r["host"] == host):
             if str(router.get("bind")) != "127.0.0.1":
                 ruleset.append(_port_rule(
-                    "router", "the router from the front-door hosts (%s)" % ", ".join(frontdoor["hosts"]),
-                    [router["port"]], of(frontdoor["hosts"])))
+                    "router", "the router (and its standby during an upgrade) from the front-door hosts (%s)" % ", ".join(frontdoor["hosts"]),
+                    [router["port"]] + ([router["standby_port"]] if router.get("standby_port") else []),
+                    of(frontdoor["hosts"])))
             ruleset.append(_port_rule("router metrics", "the router's metrics from Prometheus and the admin networks",
-                                      [router["metrics_port"]], monitors))
+                                      [router["metrics_port"]] + ([router["standby_metrics_port"]]
+                                                                  if router.get("standby_metrics_port") else []),
+                                      monitors))
         if host in frontdoor["hosts"]:
             if frontdoor.get("port"):
                 ruleset.append(_port_rule("frontdoor", "the front door (HTTPS) from the client networks",

@@ -33,10 +33,12 @@ KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
 INSTANCE_KEYS = ("pool", "name", "gpus", "api_port", "side_channel_port", "dp_rpc_port")
 PLANNED_PORT_KEYS = ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics",
-                     "frontdoor", "frontdoor_metrics")
-# Every host needs these; front-door hosts also need FRONTDOOR_PORT_KEYS.
+                     "frontdoor", "frontdoor_metrics", "router_standby", "router_standby_metrics")
+# Every host needs these; front-door hosts also need FRONTDOOR_PORT_KEYS. Router hosts may name
+# STANDBY_PORT_KEYS: the standby router a rolling upgrade runs while the router's membership changes.
 HOST_PORT_KEYS = PLANNED_PORT_KEYS[:5]
 FRONTDOOR_PORT_KEYS = ("frontdoor", "frontdoor_metrics")
+STANDBY_PORT_KEYS = ("router_standby", "router_standby_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile")
@@ -224,6 +226,8 @@ def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
     service_claims = []
     if ROUTER_GROUP in groups:
         service_claims += [(ports["router"], "router port"), (ports["router_metrics"], "router metrics port")]
+        standby = _standby_ports(hostvars, host, problems)
+        service_claims += [(port, "%s port" % key.replace("_", " ")) for key, port in standby.items() if port]
     if frontdoor:
         fd = _port_table(hostvars, host, [], FRONTDOOR_PORT_KEYS)  # _plan_frontdoor reports its problems
         if None not in fd.values() and len(fd) == len(FRONTDOOR_PORT_KEYS):
@@ -449,6 +453,17 @@ def build_plan(hosts):
     }
 
 
+def _standby_ports(hostvars, host, problems):
+    """The standby router's ports (both or neither), {key: int or None}."""
+    ports = hostvars.get("pdctl_ports") or {}
+    given = [k for k in STANDBY_PORT_KEYS if k in ports]
+    if given and len(given) < len(STANDBY_PORT_KEYS):
+        problems.append("%s: pdctl_ports.%s needs pdctl_ports.%s too (the standby router's port and metrics port)"
+                        % (host, given[0], (set(STANDBY_PORT_KEYS) - set(given)).pop()))
+    return {k: _as_int(ports[k], "%s: pdctl_ports.%s" % (host, k), problems) if k in ports else None
+            for k in STANDBY_PORT_KEYS}
+
+
 def _plan_router(host, hostvars, frontdoors, by_pool):
     """One router: where it listens (bind) and the URL the front door reaches it on."""
     address = host_address(host, hostvars)
@@ -456,6 +471,7 @@ def _plan_router(host, hostvars, frontdoors, by_pool):
     # Loopback only when the front door is on this host and nowhere else: then no other host
     # ever needs the router port.
     bind = LOOPBACK if frontdoors == [host] else address
+    standby = _standby_ports(hostvars, host, [])  # _plan_host reports their problems
     return {
         "host": host,
         "address": address,
@@ -463,6 +479,10 @@ def _plan_router(host, hostvars, frontdoors, by_pool):
         "metrics_port": int(ports["router_metrics"]),
         "bind": bind,
         "url": "http://%s:%d" % (bind, int(ports["router"])),
+        # The standby router (rolling upgrades): same bind, its own ports; None when not planned.
+        "standby_port": standby["router_standby"],
+        "standby_metrics_port": standby["router_standby_metrics"],
+        "standby_url": "http://%s:%d" % (bind, standby["router_standby"]) if standby["router_standby"] else None,
         "prefill_urls": [i["url"] for i in by_pool["prefill"]],
         "decode_urls": [i["url"] for i in by_pool["decode"]],
     }
