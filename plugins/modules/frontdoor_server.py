@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: frontdoor_server
+short_description: Put a router in or out of the front door's rotation without dropping a request
+description:
+  - Sets the admin state of one server of the front door (HAProxy) through its runtime API, as a rolling
+    upgrade needs it, and optionally waits for the result.
+  - C(state=ready) takes it into the rotation (its health checks must pass before HAProxy sends to it);
+    C(state=drain) sends it no new request while the ones it has finish; C(state=maint) takes it out
+    entirely (no health checks either).
+  - C(wait=up) waits until its health checks pass; C(wait=idle) waits until it has no request in flight
+    (HAProxy's current sessions of that server).
+  - The state lives in the running HAProxy only: a restart or reload returns every server to its
+    configured state (the standby routers are configured C(disabled)).
+options:
+  backend:
+    description: The HAProxy backend.
+    type: str
+    default: be_routers
+  server:
+    description: The server in that backend (the front door names routers by host, standbys C(HOST-standby)).
+    type: str
+    required: true
+  state:
+    description: Admin state to set; left as it is when omitted (to wait only).
+    type: str
+    choices: [ready, drain, maint]
+  wait:
+    description: What to wait for after setting the state.
+    type: str
+    choices: [none, up, idle]
+    default: none
+  timeout:
+    description: Seconds to wait at most; the module fails naming the server and what it last saw.
+    type: int
+    default: 300
+  socket:
+    description: HAProxy's runtime API socket (admin level).
+    type: path
+    default: /run/haproxy/admin.sock
+notes:
+  - Check mode reports whether the state would change and does not wait.
+author: pdctl contributors
+"""
+
+EXAMPLES = r"""
+- name: The standby router takes traffic once healthy
+  pdctl.vllm_pd.frontdoor_server:
+    server: lab-decode-0-standby
+    state: ready
+    wait: up
+    timeout: 60
+
+- name: The router finishes its streams and gets no new ones
+  pdctl.vllm_pd.frontdoor_server:
+    server: lab-decode-0
+    state: drain
+    wait: idle
+"""
+
+RETURN = r"""
+previous_state:
+  description: Admin state before (ready, drain or maint).
+  returned: always
+  type: str
+  sample: maint
+status:
+  description: HAProxy's status column for the server at the end (UP, DOWN, DRAIN, MAINT, ...).
+  returned: always
+  type: str
+  sample: UP
+sessions:
+  description: Requests in flight at that server at the end.
+  returned: always
+  type: int
+  sample: 0
+waited_s:
+  description: Seconds spent waiting.
+  returned: always
+  type: float
+  sample: 2.1
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rolling import (
+    RollingError, admin_state, haproxy_ask, is_up, parse_stat, server_row)
+
+
+def _row(sock, backend, server):
+    return server_row(parse_stat(haproxy_ask(sock, "show stat")), backend, server)
+
+
+def _reached(row, wait):
+    if wait == "up":
+        return is_up(row["status"])
+    if wait == "idle":
+        return int(row.get("scur") or 0) == 0
+    return True
+
+
+def run(params, check_mode):
+    sock, backend, server = params["socket"], params["backend"], params["server"]
+    row = _row(sock, backend, server)
+    previous = admin_state(row["status"])
+    changed = params["state"] is not None and params["state"] != previous
+    result = {"changed": changed, "previous_state": previous, "status": row["status"],
+              "sessions": int(row.get("scur") or 0), "waited_s": 0.0}
+    if check_mode:
+        return result
+    if changed:
+        answer = haproxy_ask(sock, "set server %s/%s state %s" % (backend, server, params["state"])).strip()
+        if answer:
+            raise RollingError("HAProxy refused `set server %s/%s state %s`: %s" % (backend, server, params["state"], answer))
+    start = time.monotonic()
+    deadline = start + params["timeout"]
+    row = _row(sock, backend, server)
+    while not _reached(row, params["wait"]):
+        if time.monotonic() >= deadline:
+            raise RollingError("%s/%s did not become %s within %d s (status %s, %s request(s) in flight)"
+                               % (backend, server, params["wait"], params["timeout"], row["status"], row.get("scur")))
+        time.sleep(0.5)
+        row = _row(sock, backend, server)
+    result.update(status=row["status"], sessions=int(row.get("scur") or 0),
+                  waited_s=round(time.monotonic() - start, 2))
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            backend=dict(type="str", default="be_routers"),
+            server=dict(type="str", required=True),
+            state=dict(type="str", choices=["ready", "drain", "maint"]),
+            wait=dict(type="str", choices=["none", "up", "idle"], default="none"),
+            timeout=dict(type="int", default=300),
+            socket=dict(type="path", default="/run/haproxy/admin.sock"),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module.params, module.check_mode))
+    except RollingError as exc:
+        module.fail_json(msg=str(exc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: instance_drain
+short_description: Wait until a vLLM instance has no request in hand
+description:
+  - Polls the instance's Prometheus page and sums C(vllm:num_requests_running) and
+    C(vllm:num_requests_waiting) over every engine (DP rank). Returns once the sum has stayed 0 for
+    I(settle_s) seconds (a P/D request's decode leg follows its prefill leg; the KV pull in between
+    shows on no counter, so the quiet has to last a little), or fails after I(timeout) seconds naming
+    what is still in flight.
+  - Call it after the routers stopped sending to the instance (C(frontdoor_server)), before stopping it.
+  - Read-only.
+options:
+  url:
+    description: The instance's metrics URL.
+    type: str
+    required: true
+  settle_s:
+    description: Seconds the instance must stay idle.
+    type: float
+    default: 2.0
+  timeout:
+    description: Seconds to wait at most.
+    type: int
+    default: 600
+  poll_s:
+    description: Seconds between two reads.
+    type: float
+    default: 0.5
+notes:
+  - Check mode reads once and reports; it does not wait.
+author: pdctl contributors
+"""
+
+EXAMPLES = r"""
+- name: Prefill-0 has finished what it had
+  pdctl.vllm_pd.instance_drain:
+    url: http://127.0.0.1:8100/metrics
+    timeout: 330
+"""
+
+RETURN = r"""
+running:
+  description: Requests running at the last read (all engines).
+  returned: always
+  type: int
+  sample: 0
+waiting:
+  description: Requests waiting at the last read (all engines).
+  returned: always
+  type: int
+  sample: 0
+waited_s:
+  description: Seconds spent waiting.
+  returned: always
+  type: float
+  sample: 3.5
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rolling import RollingError, in_flight
+
+
+def _read(url):
+    try:
+        text = open_url(url, timeout=10).read().decode(errors="replace")
+    except Exception as exc:  # the URL library raises many kinds; each is the same failure here
+        raise RollingError("cannot read %s: %s" % (url, exc))
+    totals = in_flight(text)
+    return int(totals.get("vllm:num_requests_running", 0)), int(totals.get("vllm:num_requests_waiting", 0))
+
+
+def run(params, check_mode, read=_read, clock=time.monotonic, sleep=time.sleep):
+    start = clock()
+    running, waiting = read(params["url"])
+    if check_mode:
+        return {"changed": False, "running": running, "waiting": waiting, "waited_s": 0.0}
+    quiet_since = start if running + waiting == 0 else None
+    while quiet_since is None or clock() - quiet_since < params["settle_s"]:
+        if clock() - start >= params["timeout"]:
+            raise RollingError("%s still has %d request(s) running and %d waiting after %d s: has every router "
+                               "stopped sending to it?" % (params["url"], running, waiting, params["timeout"]))
+        sleep(params["poll_s"])
+        running, waiting = read(params["url"])
+        if running + waiting:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = clock()
+    return {"changed": False, "running": running, "waiting": waiting, "waited_s": round(clock() - start, 2)}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", required=True),
+            settle_s=dict(type="float", default=2.0),
+            timeout=dict(type="int", default=600),
+            poll_s=dict(type="float", default=0.5),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module.params, module.check_mode))
+    except RollingError as exc:
+        module.fail_json(msg=str(exc))
+
+
+if __name__ == "__main__":
+    main()
