@@ -32,6 +32,16 @@ def add_parser(sub):
     p = sub.add_parser("run", help="run a playbook through ansible-runner and write JSON/JUnit results (CI)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("playbook", help="a playbook of the collection (site.yml, playbooks/gates.yml, ...) or a path")
+    _common_args(p)
+    p.set_defaults(func=_cmd_run)
+    # The same run for one playbook, under the verb an operator looks for.
+    u = sub.add_parser("upgrade", help="rolling upgrade to what the inventory says (playbooks/upgrade.yml): "
+                       "one instance at a time, no request lost; --check prints the steps")
+    _common_args(u)
+    u.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml")
+
+
+def _common_args(p):
     p.add_argument("-i", "--inventory", required=True)
     p.add_argument("--check", action="store_true", help="check mode (with --diff)")
     p.add_argument("--diff", action="store_true", help="show what changes, as ansible-playbook --diff")
@@ -42,7 +52,6 @@ def add_parser(sub):
     p.add_argument("--json", type=Path, help="write the JSON summary here")
     p.add_argument("--junit", type=Path, help="write the JUnit XML here")
     p.add_argument("--artifacts", type=Path, help="ansible-runner's directory (default artifacts/runs/<time>)")
-    p.set_defaults(func=_cmd_run)
 
 
 def _progress_printer(stream):

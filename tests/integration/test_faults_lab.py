@@ -16,7 +16,7 @@ import yaml
 from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
-from streams import StreamLoad
+from pdctl.lab.load import StreamLoad
 from test_serving import CA, FRONTDOOR, INSTANCES, api_key, client_key, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

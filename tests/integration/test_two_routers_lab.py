@@ -9,7 +9,7 @@ import yaml
 from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
-from streams import StreamLoad
+from pdctl.lab.load import StreamLoad
 from test_serving import CA, FRONTDOOR, client_key, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

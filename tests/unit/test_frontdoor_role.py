@@ -65,6 +65,9 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     assert "queue(be_admission) ge %d" % (2 * inflight) in text
     servers = re.findall(r"^\s+server (\S+) (\S+)$", text, re.M)
     assert servers == [(r["host"], "127.0.0.1:8000") for r in plan["routers"]]
+    # Each router's standby (rolling upgrades) is configured out of rotation: only the upgrade brings it in.
+    assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
+        (r["host"] + "-standby", "127.0.0.1:8001") for r in plan["routers"]]
     assert "default-server check inter 1000ms fall 2 rise 2" in text
     assert "http-check send meth GET uri /liveness" in text
     assert "retry-on conn-failure empty-response junk-response" in text
@@ -109,6 +112,8 @@ def test_two_front_door_hosts_share_the_limit(tmp_path):
         assert "maxconn 8 maxqueue 16" in text
         assert re.findall(r"^\s+server (\S+) (\S+)$", text, re.M) == [
             ("lab-decode-0", "10.89.64.13:8000"), ("lab-prefill-0", "10.89.64.11:8000")]
+        assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
+            ("lab-decode-0-standby", "10.89.64.13:8001"), ("lab-prefill-0-standby", "10.89.64.11:8001")]
 
 
 def test_clients_map_holds_hashes_of_clients_not_revoked(tmp_path):

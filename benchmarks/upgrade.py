@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""A rolling upgrade under load on the lab, measured: one JSON line at the end.
+
+    .venv/bin/python benchmarks/upgrade.py --scenario flag
+
+8 streaming clients (every request's outcome recorded) run through the front door for the whole
+upgrade, while a sampler reads, every second, which routers the front door sends to and how many
+healthy prefill instances those routers have (min_prefill_capacity). cross_release_pairs is the lab
+decode's count of KV pulls refused across releases, over the run.
+
+Scenarios:
+  flag     a flag of the prefill pool changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml rolls
+           the four prefill instances one at a time; then a second run (nothing to do) and a third that
+           restores the inventory's flag, under the same load.
+  release, bad-sla, bad-accuracy
+           the stand-in releases B, bad-sla, bad-accuracy as the target (pdctl_lab_engine_release): the
+           playbook refuses a release change today (docs/upgrades.md); the line records that verdict.
+
+The lab must be up and converged (`scripts/lab`). Prints progress on stderr, the JSON line on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from pdctl import collection
+from pdctl.lab.load import StreamLoad
+
+ROOT = collection.root()
+INVENTORY = ROOT / "inventories" / "lab"
+FRONTDOOR_HOST = "lab-decode-0"
+FRONTDOOR = "https://10.89.64.13:8443"
+DECODE_METRICS = "http://10.89.64.13:8100/metrics"
+CA = str(ROOT / ".lab" / "tls" / "ca.pem")
+RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy"}
+
+# Run on the front-door host: the routers the front door sends to (status UP, not draining or in
+# maintenance), each one's prefill upstreams (its unit's argv), and which of those answer /health.
+SAMPLER = r"""
+import json, re, socket, subprocess, urllib.request
+def ask(cmd):
+    s = socket.socket(socket.AF_UNIX); s.connect("/run/haproxy/admin.sock"); s.sendall(cmd.encode() + b"\n")
+    out = b""
+    while True:
+        d = s.recv(65536)
+        if not d: return out.decode()
+        out += d
+lines = ask("show stat").splitlines()
+cols = lines[0][2:].split(",")
+active = []
+for line in lines[1:]:
+    row = dict(zip(cols, line.split(",")))
+    if row.get("pxname") == "be_routers" and row["svname"] not in ("FRONTEND", "BACKEND") and row["status"] == "UP":
+        active.append(row["svname"])
+prefill = set()
+for server in active:
+    unit = "pdctl-router-standby.service" if server.endswith("-standby") else "pdctl-router.service"
+    argv = subprocess.run(["systemctl", "show", "-p", "ExecStart", "--value", unit], capture_output=True, text=True).stdout
+    prefill |= set(re.findall(r"--prefill (http://[0-9.:]+)", argv))
+healthy = []
+for url in sorted(prefill):
+    try:
+        healthy.append(url) if urllib.request.urlopen(url + "/health", timeout=2).status == 200 else None
+    except Exception:
+        pass
+print(json.dumps({"active": active, "prefill": sorted(prefill), "healthy": healthy}))
+"""
+
+
+def log(msg):
+    print("[upgrade bench %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
+
+
+class CapacitySampler(threading.Thread):
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples, self.errors = [], []
+        self._stop = threading.Event()
+
+    def run(self):
+        while not self._stop.is_set():
+            proc = subprocess.run(["podman", "exec", FRONTDOOR_HOST, "python3", "-c", SAMPLER],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0:
+                self.samples.append((time.time(), json.loads(proc.stdout)))
+            else:
+                self.errors.append(proc.stderr[-300:])
+            self._stop.wait(1.0)
+
+    def stop(self):
+        self._stop.set()
+        self.join(30)
+
+    def minimum(self):
+        return min((len(s["healthy"]) for _, s in self.samples), default=None)
+
+
+def cross_release_pairs():
+    text = httpx.get(DECODE_METRICS, timeout=10).text
+    return sum(float(v) for v in re.findall(r"^pdctl_lab_cross_release_pairs_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+
+
+def client_key():
+    """The lab's `tester` client (.lab/secrets/clients.yml, made by `pdctl lab up`)."""
+    clients = yaml.safe_load((ROOT / ".lab" / "secrets" / "clients.yml").read_text())
+    return {c["name"]: c["key"] for c in clients}["tester"]
+
+
+def run_upgrade(extra_vars, label):
+    """ansible-playbook playbooks/upgrade.yml on the lab; (rc, seconds, hosts with changes, tail)."""
+    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/upgrade.yml", "-i", str(INVENTORY)]
+    if extra_vars:
+        cmd += ["-e", "@" + str(extra_vars)]
+    log("%s: %s" % (label, " ".join(cmd[1:])))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    took = time.monotonic() - t0
+    changed = {h: int(c) for h, c in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M)}
+    log("%s: exit %d in %.1f s, changed %s" % (label, proc.returncode, took, changed))
+    tail = [ln for ln in proc.stdout.splitlines() if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
+    return proc.returncode, took, changed, tail
+
+
+def flag_vars(tmp):
+    serving = yaml.safe_load((INVENTORY / "group_vars" / "all" / "serving.yml").read_text())
+    args = serving["pdctl_serve_args"]
+    prefill = list(args["prefill"])
+    i = prefill.index("--shutdown-timeout")
+    prefill[i + 1] = "240" if prefill[i + 1] != "240" else "300"
+    path = Path(tmp) / "flag.yml"
+    path.write_text(yaml.safe_dump({"pdctl_serve_args": dict(args, prefill=prefill)}))
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", choices=["flag"] + sorted(RELEASE_SCENARIOS), default="flag")
+    ap.add_argument("--clients", type=int, default=8)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="pdctl-upgrade-bench-")
+    result = {"scenario": args.scenario, "requests": 0, "failed_requests": 0, "cross_release_pairs": 0,
+              "min_prefill_capacity": None, "prefill_total": 4, "upgrade_s": None, "rollback_s": None,
+              "verdict": None}
+    pairs_before = cross_release_pairs()
+    sampler = CapacitySampler()
+    sampler.start()
+    with StreamLoad(FRONTDOOR, client_key(), clients=args.clients, verify=CA) as load:
+        time.sleep(3)
+        if args.scenario == "flag":
+            rc, took, changed, tail = run_upgrade(flag_vars(tmp), "upgrade (prefill flag)")
+            result["upgrade_s"] = round(took, 1)
+            rc2, took2, changed2, _ = run_upgrade(flag_vars(tmp), "second run (same target)")
+            result.update(second_run_s=round(took2, 1), second_run_changed=sum(changed2.values()))
+            rc3, took3, _, tail3 = run_upgrade(None, "restore (the inventory's flag)")
+            result["restore_s"] = round(took3, 1)
+            problems = []
+            if rc or rc2 or rc3:
+                problems.append("playbook exit %d/%d/%d: %s" % (rc, rc2, rc3, " | ".join(tail + tail3)[:400]))
+            if changed2 and sum(changed2.values()):
+                problems.append("the second run changed %s" % changed2)
+        else:
+            path = Path(tmp) / "release.yml"
+            path.write_text(yaml.safe_dump({"pdctl_lab_engine_release": RELEASE_SCENARIOS[args.scenario]}))
+            rc, took, changed, tail = run_upgrade(path, "upgrade (release %s)" % RELEASE_SCENARIOS[args.scenario])
+            result["upgrade_s"] = round(took, 1)
+            problems = ["playbook exit %d: %s" % (rc, " | ".join(tail)[:400])] if rc else []
+        time.sleep(3)
+    sampler.stop()
+    summary = load.summary()
+    result.update(requests=summary["requests"], failed_requests=summary["failed_requests"],
+                  cross_release_pairs=int(cross_release_pairs() - pairs_before),
+                  min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples))
+    if summary["failed_requests"]:
+        problems.append("%d failed requests: %s" % (summary["failed_requests"], summary["errors"]))
+    if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < result["prefill_total"] - 1:
+        problems.append("prefill capacity fell to %s of %d" % (result["min_prefill_capacity"], result["prefill_total"]))
+    if result["cross_release_pairs"]:
+        problems.append("%d KV pulls across releases" % result["cross_release_pairs"])
+    result["verdict"] = "pass" if not problems else "fail: " + "; ".join(problems)
+    print(json.dumps(result))
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
