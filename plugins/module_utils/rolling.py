@@ -3,10 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What a rolling change reads and drives: HAProxy's runtime API and a vLLM instance's load.
 
-- HAProxy (the front door): `show stat` (CSV; the columns this code reads are named, never indexed)
-  and `set server BACKEND/SERVER state ready|drain|maint`. A server's admin state reads from its
-  `status` column: MAINT (also "MAINT (via ...)"), DRAIN, or anything else (UP, DOWN, NOLB, "UP 1/2")
-  meaning ready.
+- HAProxy (the front door): `show stat` (CSV; the columns this code reads are named, never indexed:
+  `status` for health, `scur` for sessions), `show servers state BACKEND` (its `srv_admin_state` bits
+  are the admin state: `status` is no guide to it, a drained server whose checks fail reads DOWN there
+  like a ready one) and `set server BACKEND/SERVER state ready|drain|maint`.
 - vLLM: `vllm:num_requests_running` + `vllm:num_requests_waiting`, summed over every engine (DP
   rank) of the instance's /metrics, is what it still has in hand.
 """
@@ -17,6 +17,11 @@ import io
 import socket
 
 STATES = ("ready", "drain", "maint")
+# srv_admin_state bits (HAProxy's enum srv_admin): SRV_ADMF_MAINT = forced, inherited or DNS-resolution
+# maintenance; SRV_ADMF_DRAIN = forced or inherited drain. CMAINT (0x04, `disabled` in the configuration)
+# stays set after `state ready` and means nothing alone.
+ADMF_MAINT = 0x23
+ADMF_DRAIN = 0x18
 IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
@@ -35,13 +40,16 @@ def haproxy_ask(path, command, timeout=10.0):
         except OSError as exc:
             raise RollingError("cannot reach HAProxy's runtime socket %s: %s (is the front door running on "
                                "this host?)" % (path, exc))
-        sock.sendall(command.encode() + b"\n")
         chunks = []
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                return b"".join(chunks).decode(errors="replace")
-            chunks.append(data)
+        try:
+            sock.sendall(command.encode() + b"\n")
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    return b"".join(chunks).decode(errors="replace")
+                chunks.append(data)
+        except OSError as exc:  # a timeout included
+            raise RollingError("HAProxy's runtime socket %s did not answer `%s`: %s" % (path, command, exc))
 
 
 def parse_stat(text):
@@ -62,12 +70,25 @@ def server_row(rows, backend, server):
     raise RollingError("HAProxy has no server %s/%s (servers: %s)" % (backend, server, ", ".join(known) or "none"))
 
 
-def admin_state(status):
-    """ready, drain or maint, from a `show stat` status."""
-    status = (status or "").upper()
-    if status.startswith("MAINT"):
+def parse_servers_state(text):
+    """`show servers state BACKEND` -> list of row dicts: a format-version line, a `# ` header naming the
+    columns, one space-separated line per server."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2 or not lines[1].startswith("# "):
+        raise RollingError("HAProxy's `show servers state` answered without its header: %r" % text[:200])
+    names = lines[1][2:].split()
+    return [dict(zip(names, line.split())) for line in lines[2:]]
+
+
+def admin_state(srv_admin_state):
+    """ready, drain or maint, from a server's srv_admin_state (`show servers state`)."""
+    try:
+        bits = int(srv_admin_state)
+    except (TypeError, ValueError):
+        raise RollingError("unreadable srv_admin_state: %r" % (srv_admin_state,))
+    if bits & ADMF_MAINT:
         return "maint"
-    if status.startswith("DRAIN"):
+    if bits & ADMF_DRAIN:
         return "drain"
     return "ready"
 
@@ -90,8 +111,10 @@ def in_flight(metrics_text):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in IN_FLIGHT_METRICS:
+            # NAME[{LABELS}] VALUE [TIMESTAMP]: a label value may hold spaces, never past the closing brace
             try:
-                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+                rest = line[line.rindex("}") + 1:] if "{" in line else line[len(name):]
+                totals[name] = totals.get(name, 0.0) + float(rest.split()[0])
             except (IndexError, ValueError):
                 raise RollingError("unreadable metric line: %r" % line[:200])
     if not totals:

@@ -16,8 +16,10 @@ description:
     entirely (no health checks either).
   - C(wait=up) waits until its health checks pass; C(wait=idle) waits until it has no request in flight
     (HAProxy's current sessions of that server).
-  - The state lives in the running HAProxy only: a restart or reload returns every server to its
+  - The state lives in the running HAProxy only; a restart or reload returns every server to its
     configured state (the standby routers are configured C(disabled)).
+  - The admin state is read from C(show servers state) (its C(srv_admin_state) bits), not from the
+    status of C(show stat), where a drained server whose checks fail reads C(DOWN) like a ready one.
 options:
   backend:
     description: The HAProxy backend.
@@ -44,8 +46,16 @@ options:
     description: HAProxy's runtime API socket (admin level).
     type: path
     default: /run/haproxy/admin.sock
-notes:
-  - Check mode reports whether the state would change and does not wait.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  platform:
+    platforms: posix
+  check_mode:
+    support: full
+    details: Reports whether the state would change; sets nothing and does not wait.
+  diff_mode:
+    support: none
 author: pdctl contributors
 """
 
@@ -91,11 +101,20 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rolling import (
-    RollingError, admin_state, haproxy_ask, is_up, parse_stat, server_row)
+    RollingError, admin_state, haproxy_ask, is_up, parse_servers_state, parse_stat, server_row)
 
 
 def _row(sock, backend, server):
     return server_row(parse_stat(haproxy_ask(sock, "show stat")), backend, server)
+
+
+def _admin_state(sock, backend, server):
+    """From the admin bits, not from `show stat`'s status: a drained server whose checks fail (a stopped
+    router) reads DOWN there, and taking that for ready would leave it drained on `state=ready`."""
+    for row in parse_servers_state(haproxy_ask(sock, "show servers state %s" % backend)):
+        if row.get("srv_name") == server:
+            return admin_state(row.get("srv_admin_state"))
+    raise RollingError("HAProxy's `show servers state %s` has no server %s" % (backend, server))
 
 
 def _reached(row, wait):
@@ -109,7 +128,7 @@ def _reached(row, wait):
 def run(params, check_mode):
     sock, backend, server = params["socket"], params["backend"], params["server"]
     row = _row(sock, backend, server)
-    previous = admin_state(row["status"])
+    previous = _admin_state(sock, backend, server)
     changed = params["state"] is not None and params["state"] != previous
     result = {"changed": changed, "previous_state": previous, "status": row["status"],
               "sessions": int(row.get("scur") or 0), "waited_s": 0.0}
@@ -133,8 +152,8 @@ def run(params, check_mode):
     return result
 
 
-def main():
-    module = AnsibleModule(
+def build_module():
+    return AnsibleModule(
         argument_spec=dict(
             backend=dict(type="str", default="be_routers"),
             server=dict(type="str", required=True),
@@ -145,6 +164,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+
+
+def main():
+    module = build_module()
     try:
         module.exit_json(**run(module.params, module.check_mode))
     except RollingError as exc:

@@ -33,8 +33,16 @@ options:
     description: Seconds between two reads.
     type: float
     default: 0.5
-notes:
-  - Check mode reads once and reports; it does not wait.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  platform:
+    platforms: posix
+  check_mode:
+    support: full
+    details: Reads once and reports; does not wait.
+  diff_mode:
+    support: none
 author: pdctl contributors
 """
 
@@ -75,7 +83,10 @@ def _read(url):
         text = open_url(url, timeout=10).read().decode(errors="replace")
     except Exception as exc:  # the URL library raises many kinds; each is the same failure here
         raise RollingError("cannot read %s: %s" % (url, exc))
-    totals = in_flight(text)
+    try:
+        totals = in_flight(text)
+    except RollingError as exc:
+        raise RollingError("%s: %s" % (url, exc))
     return int(totals.get("vllm:num_requests_running", 0)), int(totals.get("vllm:num_requests_waiting", 0))
 
 
@@ -98,8 +109,8 @@ def run(params, check_mode, read=_read, clock=time.monotonic, sleep=time.sleep):
     return {"changed": False, "running": running, "waiting": waiting, "waited_s": round(clock() - start, 2)}
 
 
-def main():
-    module = AnsibleModule(
+def build_module():
+    return AnsibleModule(
         argument_spec=dict(
             url=dict(type="str", required=True),
             settle_s=dict(type="float", default=2.0),
@@ -108,6 +119,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+
+
+def main():
+    module = build_module()
     try:
         module.exit_json(**run(module.params, module.check_mode))
     except RollingError as exc:
