@@ -85,20 +85,20 @@ class CapacitySampler(threading.Thread):
     def __init__(self):
         super().__init__(daemon=True)
         self.samples, self.errors = [], []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             proc = subprocess.run(["podman", "exec", FRONTDOOR_HOST, "python3", "-c", SAMPLER],
                                   capture_output=True, text=True)
             if proc.returncode == 0:
                 self.samples.append((time.time(), json.loads(proc.stdout)))
             else:
                 self.errors.append(proc.stderr[-300:])
-            self._stop.wait(1.0)
+            self._halt.wait(1.0)
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join(30)
 
     def minimum(self):
@@ -151,6 +151,9 @@ def main():
     result = {"scenario": args.scenario, "requests": 0, "failed_requests": 0, "cross_release_pairs": 0,
               "min_prefill_capacity": None, "prefill_total": 4, "upgrade_s": None, "rollback_s": None,
               "verdict": None}
+    rc, _, _, tail = run_upgrade(None, "precondition: the lab runs what the inventory says (no load yet)")
+    if rc:
+        sys.exit("the lab does not converge to its inventory: %s" % " | ".join(tail))
     pairs_before = cross_release_pairs()
     sampler = CapacitySampler()
     sampler.start()
