@@ -102,7 +102,7 @@ def served_by(host, name):
 
 # The router's health checks (every 1 s, 2 failures) take a dead instance out of rotation, and the front
 # door retries a request that failed before streaming: failures are confined to this window after a
-# crash. (Issue 14 asks for none at all; the few left are counted in artifacts/faults/.)
+# crash (a crash mid-request; counted in artifacts/faults/). A kill -9 of a prefill instance fails none.
 ROUTE_AROUND_S = 3.0
 
 
@@ -123,14 +123,14 @@ def test_killed_prefill_instance_is_routed_around_and_restarted(converged_lab):
         time.sleep(4)  # the router takes it back after health_success_threshold checks
     after = unit_state(host, name)
     summary = load.summary()
-    late = [o for o in load.failed() if o.wall_start > killed_at + ROUTE_AROUND_S]
     print("kill -9 %s: %s, back in %.1f s" % (name, summary, back_s))
     record("prefill-kill", dict(summary, back_s=round(back_s, 1)))
     assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1, (before, after)
     assert summary["requests"] >= 40, summary
-    assert not late, "requests failed %.1f s and more after the kill: the dead instance stayed in rotation (%d: %s)" % (
-        ROUTE_AROUND_S, len(late), late[0].error)
-    assert summary["failed_requests"] <= 16, summary  # at most two rounds of the 8 clients
+    # Nothing was streamed for a request whose prefill leg failed: the router answers 500 and the front
+    # door replays it (whole request buffered) until a live instance takes it; decode recomputes KV it
+    # could not pull from the dead one. Issue 14: no client sees the kill.
+    assert summary["failed_requests"] == 0, summary
     assert back_s < 30, "Restart=on-failure took %.1f s" % back_s
     assert served_by(host, name) > served, "the router did not send the restarted instance requests again"
 
