@@ -26,7 +26,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import httpx
 import yaml
 
 from pdctl import collection
-from pdctl.lab.load import StreamLoad
+from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 
 ROOT = collection.root()
 INVENTORY = ROOT / "inventories" / "lab"
@@ -44,65 +43,8 @@ DECODE_METRICS = "http://10.89.64.13:8100/metrics"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy"}
 
-# Run on the front-door host: the routers the front door sends to (status UP, not draining or in
-# maintenance), each one's prefill upstreams (its unit's argv), and which of those answer /health.
-SAMPLER = r"""
-import json, re, socket, subprocess, urllib.request
-def ask(cmd):
-    s = socket.socket(socket.AF_UNIX); s.connect("/run/haproxy/admin.sock"); s.sendall(cmd.encode() + b"\n")
-    out = b""
-    while True:
-        d = s.recv(65536)
-        if not d: return out.decode()
-        out += d
-lines = ask("show stat").splitlines()
-cols = lines[0][2:].split(",")
-active = []
-for line in lines[1:]:
-    row = dict(zip(cols, line.split(",")))
-    if row.get("pxname") == "be_routers" and row["svname"] not in ("FRONTEND", "BACKEND") and row["status"] == "UP":
-        active.append(row["svname"])
-prefill = set()
-for server in active:
-    unit = "pdctl-router-standby.service" if server.endswith("-standby") else "pdctl-router.service"
-    argv = subprocess.run(["systemctl", "show", "-p", "ExecStart", "--value", unit], capture_output=True, text=True).stdout
-    prefill |= set(re.findall(r"--prefill (http://[0-9.:]+)", argv))
-healthy = []
-for url in sorted(prefill):
-    try:
-        healthy.append(url) if urllib.request.urlopen(url + "/health", timeout=2).status == 200 else None
-    except Exception:
-        pass
-print(json.dumps({"active": active, "prefill": sorted(prefill), "healthy": healthy}))
-"""
-
-
 def log(msg):
     print("[upgrade bench %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
-
-
-class CapacitySampler(threading.Thread):
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.samples, self.errors = [], []
-        self._halt = threading.Event()
-
-    def run(self):
-        while not self._halt.is_set():
-            proc = subprocess.run(["podman", "exec", FRONTDOOR_HOST, "python3", "-c", SAMPLER],
-                                  capture_output=True, text=True)
-            if proc.returncode == 0:
-                self.samples.append((time.time(), json.loads(proc.stdout)))
-            else:
-                self.errors.append(proc.stderr[-300:])
-            self._halt.wait(1.0)
-
-    def stop(self):
-        self._halt.set()
-        self.join(30)
-
-    def minimum(self):
-        return min((len(s["healthy"]) for _, s in self.samples), default=None)
 
 
 def cross_release_pairs():
@@ -155,7 +97,7 @@ def main():
     if rc:
         sys.exit("the lab does not converge to its inventory: %s" % " | ".join(tail))
     pairs_before = cross_release_pairs()
-    sampler = CapacitySampler()
+    sampler = FrontdoorCapacity(FRONTDOOR_HOST)
     sampler.start()
     with StreamLoad(FRONTDOOR, client_key(), clients=args.clients, verify=CA) as load:
         time.sleep(3)

@@ -1,8 +1,10 @@
-"""A load generator for the lab: N clients, each streaming chat completions back to back, every
-request's outcome recorded (start, end, HTTP status, whether the stream reached [DONE])."""
+"""Load and capacity on the lab: StreamLoad runs N clients, each streaming chat completions back to
+back, every request's outcome recorded (start, end, HTTP status, whether the stream reached [DONE]);
+FrontdoorCapacity samples how many prefill instances the front door can reach through its routers."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -86,3 +88,63 @@ class StreamLoad:
         return {"requests": len(self.outcomes), "failed_requests": len(failed),
                 "failure_window_s": round(max(o.end for o in failed) - min(o.start for o in failed), 2) if failed else 0.0,
                 "errors": sorted({o.error or str(o.status) for o in failed})[:5]}
+
+
+# Run on the front-door host: the routers the front door sends to (status UP, not draining or in
+# maintenance), each one's prefill upstreams (its unit's argv), and which of those answer /health.
+_CAPACITY_PROBE = r"""
+import json, re, socket, subprocess, urllib.request
+def ask(cmd):
+    s = socket.socket(socket.AF_UNIX); s.connect("/run/haproxy/admin.sock"); s.sendall(cmd.encode() + b"\n")
+    out = b""
+    while True:
+        d = s.recv(65536)
+        if not d: return out.decode()
+        out += d
+lines = ask("show stat").splitlines()
+cols = lines[0][2:].split(",")
+active = []
+for line in lines[1:]:
+    row = dict(zip(cols, line.split(",")))
+    if row.get("pxname") == "be_routers" and row["svname"] not in ("FRONTEND", "BACKEND") and row["status"] == "UP":
+        active.append(row["svname"])
+prefill = set()
+for server in active:
+    unit = "pdctl-router-standby.service" if server.endswith("-standby") else "pdctl-router.service"
+    argv = subprocess.run(["systemctl", "show", "-p", "ExecStart", "--value", unit], capture_output=True, text=True).stdout
+    prefill |= set(re.findall(r"--prefill (http://[0-9.:]+)", argv))
+healthy = []
+for url in sorted(prefill):
+    try:
+        healthy.append(url) if urllib.request.urlopen(url + "/health", timeout=2).status == 200 else None
+    except Exception:
+        pass
+print(json.dumps({"active": active, "prefill": sorted(prefill), "healthy": healthy}))
+"""
+
+
+class FrontdoorCapacity(threading.Thread):
+    """Every second: how many healthy prefill instances the routers the front door sends to have."""
+
+    def __init__(self, frontdoor_host):
+        super().__init__(daemon=True)
+        self.frontdoor_host = frontdoor_host
+        self.samples, self.errors = [], []
+        self._halt = threading.Event()
+
+    def run(self):
+        while not self._halt.is_set():
+            proc = subprocess.run(["podman", "exec", self.frontdoor_host, "python3", "-c", _CAPACITY_PROBE],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0:
+                self.samples.append((time.time(), json.loads(proc.stdout)))
+            else:
+                self.errors.append(proc.stderr[-300:])
+            self._halt.wait(1.0)
+
+    def stop(self):
+        self._halt.set()
+        self.join(30)
+
+    def minimum(self):
+        return min((len(s["healthy"]) for _, s in self.samples), default=None)

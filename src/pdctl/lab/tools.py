@@ -5,10 +5,13 @@
   ``pip download --no-deps`` and only that one member is extracted.
 - ``ensure_vllm_router(cache_dir)``: a virtualenv holding vllm-router==0.1.17.
 
-Both are idempotent: once the binary exists, nothing touches the network.
+Both are idempotent: once the binary exists, nothing touches the network; one process at a time
+fills an entry (a file lock in the cache), so concurrent callers do not download into each other.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import stat
 import subprocess
 import sys
@@ -29,9 +32,23 @@ def _cache(cache_dir) -> Path:
     return cache.cache_dir("tools")
 
 
+@contextlib.contextmanager
+def _exclusive(cache: Path, name: str):
+    """One process at a time fills an entry (scripts/test runs `pdctl lab up` beside the unit tests,
+    and both may want the same tool on a cold cache)."""
+    with open(cache / (".%s.lock" % name), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_vllm_rs(cache_dir=None) -> Path:
     """Return the path of ``vllm-rs`` from the vllm wheel, downloading the wheel once."""
     cache = _cache(cache_dir)
+    with _exclusive(cache, "vllm-%s" % VLLM_VERSION):
+        return _ensure_vllm_rs(cache)
+
+
+def _ensure_vllm_rs(cache: Path) -> Path:
     binary = cache / f"vllm-{VLLM_VERSION}" / "vllm-rs"
     if binary.exists():
         return binary
@@ -64,6 +81,11 @@ def _find_wheel(wheels: Path):
 def ensure_vllm_router(cache_dir=None) -> Path:
     """Return the path of the ``vllm-router`` binary in a dedicated virtualenv."""
     cache = _cache(cache_dir)
+    with _exclusive(cache, "vllm-router-%s" % VLLM_ROUTER_VERSION):
+        return _ensure_vllm_router(cache)
+
+
+def _ensure_vllm_router(cache: Path) -> Path:
     env = cache / f"vllm-router-{VLLM_ROUTER_VERSION}"
     binary = env / "bin" / "vllm-router"
     if binary.exists():
