@@ -9,6 +9,9 @@ healthy prefill instances those routers have (min_prefill_capacity). cross_relea
 decode's count of KV pulls refused across releases, over the run.
 
 Scenarios:
+  flag-interrupted
+           flag, with the playbook killed (SIGKILL to its process group) 8, 30 and 45 s into three runs,
+           each re-run; upgrade_s counts every run.
   flag     a flag of the prefill pool changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml rolls
            the four prefill instances one at a time; then a second run (nothing to do) and a third that
            restores the inventory's flag, under the same load.
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,18 +63,27 @@ def client_key():
     return {c["name"]: c["key"] for c in clients}["tester"]
 
 
-def run_upgrade(extra_vars, label):
-    """ansible-playbook playbooks/upgrade.yml on the lab; (rc, seconds, hosts with changes, tail)."""
+def run_upgrade(extra_vars, label, kill_after=None):
+    """ansible-playbook playbooks/upgrade.yml on the lab; (rc, seconds, hosts with changes, tail).
+    kill_after: SIGKILL the playbook's whole process group that many seconds in (an operator's kill -9)."""
     cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/upgrade.yml", "-i", str(INVENTORY)]
     if extra_vars:
         cmd += ["-e", "@" + str(extra_vars)]
     log("%s: %s" % (label, " ".join(cmd[1:])))
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        stdout, _ = proc.communicate(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        last = [ln for ln in stdout.splitlines() if ln.startswith("TASK [")][-1:]
+        log("%s: killed after %.0f s, in %s" % (label, time.monotonic() - t0, last[0] if last else "?"))
     took = time.monotonic() - t0
-    changed = {h: int(c) for h, c in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M)}
+    changed = {h: int(c) for h, c in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", stdout, re.M)}
     log("%s: exit %d in %.1f s, changed %s" % (label, proc.returncode, took, changed))
-    tail = [ln for ln in proc.stdout.splitlines() if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
+    tail = [ln for ln in stdout.splitlines() if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
     return proc.returncode, took, changed, tail
 
 
@@ -86,7 +100,7 @@ def flag_vars(tmp):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=["flag"] + sorted(RELEASE_SCENARIOS), default="flag")
+    ap.add_argument("--scenario", choices=["flag", "flag-interrupted"] + sorted(RELEASE_SCENARIOS), default="flag")
     ap.add_argument("--clients", type=int, default=8)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="pdctl-upgrade-bench-")
@@ -101,9 +115,16 @@ def main():
     sampler.start()
     with StreamLoad(FRONTDOOR, client_key(), clients=args.clients, verify=CA) as load:
         time.sleep(3)
-        if args.scenario == "flag":
+        if args.scenario in ("flag", "flag-interrupted"):
+            took_killed = 0.0
+            if args.scenario == "flag-interrupted":
+                # Killed three times at different points (staging, the first instance's switch, a later
+                # instance), each time re-run; the last run completes.
+                for after in (8, 30, 45):
+                    _, t, _, _ = run_upgrade(flag_vars(tmp), "upgrade killed at %d s" % after, kill_after=after)
+                    took_killed += t
             rc, took, changed, tail = run_upgrade(flag_vars(tmp), "upgrade (prefill flag)")
-            result["upgrade_s"] = round(took, 1)
+            result["upgrade_s"] = round(took + took_killed, 1)
             rc2, took2, changed2, _ = run_upgrade(flag_vars(tmp), "second run (same target)")
             result.update(second_run_s=round(took2, 1), second_run_changed=sum(changed2.values()))
             rc3, took3, _, tail3 = run_upgrade(None, "restore (the inventory's flag)")

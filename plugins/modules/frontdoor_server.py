@@ -42,6 +42,12 @@ options:
     description: Seconds to wait at most; the module fails naming the server and what it last saw.
     type: int
     default: 300
+  drain_first:
+    description:
+      - With O(state=maint), a server in rotation is first drained and taken out once it has no request
+        in flight (bounded by O(timeout)); a server already in maintenance is left alone (no change).
+    type: bool
+    default: false
   socket:
     description: HAProxy's runtime API socket (admin level).
     type: path
@@ -125,6 +131,25 @@ def _reached(row, wait):
     return True
 
 
+def _set(sock, backend, server, state):
+    answer = haproxy_ask(sock, "set server %s/%s state %s" % (backend, server, state)).strip()
+    if answer:
+        raise RollingError("HAProxy refused `set server %s/%s state %s`: %s" % (backend, server, state, answer))
+
+
+def _wait(sock, backend, server, wait, timeout):
+    """Poll until `wait` holds; return the last row."""
+    deadline = time.monotonic() + timeout
+    row = _row(sock, backend, server)
+    while not _reached(row, wait):
+        if time.monotonic() >= deadline:
+            raise RollingError("%s/%s did not become %s within %d s (status %s, %s request(s) in flight)"
+                               % (backend, server, wait, timeout, row["status"], row.get("scur")))
+        time.sleep(0.5)
+        row = _row(sock, backend, server)
+    return row
+
+
 def run(params, check_mode):
     sock, backend, server = params["socket"], params["backend"], params["server"]
     row = _row(sock, backend, server)
@@ -134,19 +159,14 @@ def run(params, check_mode):
               "sessions": int(row.get("scur") or 0), "waited_s": 0.0}
     if check_mode:
         return result
-    if changed:
-        answer = haproxy_ask(sock, "set server %s/%s state %s" % (backend, server, params["state"])).strip()
-        if answer:
-            raise RollingError("HAProxy refused `set server %s/%s state %s`: %s" % (backend, server, params["state"], answer))
     start = time.monotonic()
-    deadline = start + params["timeout"]
-    row = _row(sock, backend, server)
-    while not _reached(row, params["wait"]):
-        if time.monotonic() >= deadline:
-            raise RollingError("%s/%s did not become %s within %d s (status %s, %s request(s) in flight)"
-                               % (backend, server, params["wait"], params["timeout"], row["status"], row.get("scur")))
-        time.sleep(0.5)
-        row = _row(sock, backend, server)
+    if changed and params["state"] == "maint" and params["drain_first"] and previous == "ready":
+        # Out of rotation without cutting a stream: drained first, in maintenance once idle.
+        _set(sock, backend, server, "drain")
+        _wait(sock, backend, server, "idle", params["timeout"])
+    if changed:
+        _set(sock, backend, server, params["state"])
+    row = _wait(sock, backend, server, params["wait"], params["timeout"])
     result.update(status=row["status"], sessions=int(row.get("scur") or 0),
                   waited_s=round(time.monotonic() - start, 2))
     return result
@@ -160,6 +180,7 @@ def build_module():
             state=dict(type="str", choices=["ready", "drain", "maint"]),
             wait=dict(type="str", choices=["none", "up", "idle"], default="none"),
             timeout=dict(type="int", default=300),
+            drain_first=dict(type="bool", default=False),
             socket=dict(type="path", default="/run/haproxy/admin.sock"),
         ),
         supports_check_mode=True,

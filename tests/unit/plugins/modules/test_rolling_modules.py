@@ -118,6 +118,21 @@ def test_drain_waits_until_idle(haproxy, capsys):
     assert haproxy.stat_reads == 4 and 0.9 <= res["waited_s"] < 2.5
 
 
+def test_maint_with_drain_first_lets_the_streams_finish_then_takes_it_out(haproxy, capsys):
+    haproxy.servers["lab-decode-0"].scur = [3, 3, 1, 0]
+    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="maint", drain_first=True, timeout=10)
+    assert not failed, res
+    assert res["changed"] and res["previous_state"] == "ready" and res["status"] == "MAINT"
+    assert haproxy.sets == ["set server be_routers/lab-decode-0 state drain",
+                            "set server be_routers/lab-decode-0 state maint"]
+    assert haproxy.stat_reads >= 4
+
+
+def test_maint_with_drain_first_leaves_a_server_in_maintenance_alone(haproxy, capsys):
+    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0-standby", state="maint", drain_first=True)
+    assert not failed and not res["changed"] and haproxy.sets == []
+
+
 def test_wait_idle_times_out_naming_the_server_and_its_sessions(haproxy, capsys):
     haproxy.servers["lab-decode-0"].scur = [7]
     t0 = time.monotonic()
