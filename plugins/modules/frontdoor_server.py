@@ -160,9 +160,11 @@ def run(params, check_mode):
     if check_mode:
         return result
     start = time.monotonic()
-    if changed and params["state"] == "maint" and params["drain_first"] and previous == "ready":
-        # Out of rotation without cutting a stream: drained first, in maintenance once idle.
-        _set(sock, backend, server, "drain")
+    if changed and params["state"] == "maint" and params["drain_first"]:
+        # Out of rotation without cutting a stream: drained first (or still draining from a run that
+        # was interrupted), in maintenance once idle.
+        if previous == "ready":
+            _set(sock, backend, server, "drain")
         _wait(sock, backend, server, "idle", params["timeout"])
     if changed:
         _set(sock, backend, server, params["state"])

@@ -11,6 +11,7 @@ from inventories import ROOT, inventory_variant
 from pdctl import runner
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 from test_serving import CA, FRONTDOOR, INSTANCES, client_key, on_host
+from test_two_routers_lab import _frontdoor_servers
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -53,6 +54,7 @@ def test_check_mode_prints_the_steps_and_restarts_nothing(flag_change):
     assert "2 instance(s) to roll one at a time: prefill-2, prefill-3" in out
     assert "Instance restarts on its new unit: prefill-2" in out
     assert _main_pids() == before
+    assert _frontdoor_servers() == {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT"}
 
 
 def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(flag_change):
@@ -72,6 +74,11 @@ def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(f
                                                 "pdctl-vllm-prefill-2.service")
     assert summary["requests"] >= 40 and summary["failed_requests"] == 0, summary
     assert len(capacity.samples) >= 10 and capacity.minimum() == 3, (capacity.minimum(), capacity.errors[:2])
+
+    # Everything back in its place: the router in rotation, its standby out and gone.
+    assert _frontdoor_servers() == {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT"}
+    assert on_host("lab-decode-0", "systemctl", "show", "-p", "LoadState", "--value",
+                   "pdctl-router-standby.service").strip() == "not-found"
 
     again = runner.run_playbook("playbooks/upgrade.yml", flag_change, envvars=LAB_ENV)
     assert again.ok, again.failures

