@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,37 @@ FRONTDOOR = "https://10.89.64.13:8443"
 DECODE_METRICS = "http://10.89.64.13:8100/metrics"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy"}
+RELEASES = yaml.safe_load((INVENTORY / "group_vars/all/host_requirements.yml").read_text())["pdctl_lab_engine_releases"]
+
+class TemporaryDecodePairs(threading.Thread):
+    """The temporary decode of a release switch runs on the staging host's second prefill instance's
+    port; its own cross-release count, read every second while it runs (its counter dies with it)."""
+
+    URL = "http://10.89.64.11:8101/metrics"
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.pairs, self._seen = 0, {}
+        self._halt = threading.Event()
+
+    def run(self):
+        while not self._halt.is_set():
+            try:
+                text = httpx.get(self.URL, timeout=3).text
+                if "kv_consumer" in text or "pdctl_lab_cross_release_pairs_total" in text:
+                    pid = re.findall(r'^process_start_time_seconds (\S+)$', text, re.M)
+                    count = sum(float(v) for v in re.findall(
+                        r"^pdctl_lab_cross_release_pairs_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+                    self._seen[pid[0] if pid else "?"] = count
+                    self.pairs = int(sum(self._seen.values()))
+            except httpx.HTTPError:
+                pass
+            self._halt.wait(1.0)
+
+    def stop(self):
+        self._halt.set()
+        self.join(10)
+
 
 def log(msg):
     print("[upgrade bench %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
@@ -135,11 +167,27 @@ def main():
             if changed2 and sum(changed2.values()):
                 problems.append("the second run changed %s" % changed2)
         else:
+            release = RELEASE_SCENARIOS[args.scenario]
             path = Path(tmp) / "release.yml"
-            path.write_text(yaml.safe_dump({"pdctl_lab_engine_release": RELEASE_SCENARIOS[args.scenario]}))
-            rc, took, changed, tail = run_upgrade(path, "upgrade (release %s)" % RELEASE_SCENARIOS[args.scenario])
+            path.write_text(yaml.safe_dump({"pdctl_lab_engine_release": release,
+                                            "vllm_version": "lab-" + RELEASES[release]}))
+            watcher = TemporaryDecodePairs()
+            watcher.start()
+            rc, took, changed, tail = run_upgrade(path, "upgrade (release %s)" % release)
             result["upgrade_s"] = round(took, 1)
-            problems = ["playbook exit %d: %s" % (rc, " | ".join(tail)[:400])] if rc else []
+            rc2, took2, changed2, _ = run_upgrade(path, "second run (same target)")
+            result.update(second_run_s=round(took2, 1), second_run_changed=sum(changed2.values()))
+            rc3, took3, _, tail3 = run_upgrade(None, "back to the inventory's release")
+            result["restore_s"] = round(took3, 1)
+            watcher.stop()
+            result["temporary_decode_cross_release_pairs"] = watcher.pairs
+            problems = []
+            if rc or rc2 or rc3:
+                problems.append("playbook exit %d/%d/%d: %s" % (rc, rc2, rc3, " | ".join(tail + tail3)[:400]))
+            if sum(changed2.values()):
+                problems.append("the second run changed %s" % changed2)
+            if watcher.pairs:
+                problems.append("%d KV pulls across releases at the temporary decode" % watcher.pairs)
         time.sleep(3)
     sampler.stop()
     summary = load.summary()

@@ -395,9 +395,9 @@ async def handle_generate(request: web.Request, kind: str):
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + base_id
     kv_params = body.get("kv_transfer_params")
     if engine.role == "kv_consumer" and not (kv_params or {}).get("do_remote_prefill"):
-        log.warning("request %s without kv_transfer_params rejected (kv_consumer)", rid)
-        return error_response(400, "BadRequestError", "This decode instance (kv_role=kv_consumer) needs "
-                              "kv_transfer_params from a prefill instance; send requests through the P/D router.")
+        # As vLLM's NixlConnector does: a decode instance asked directly (a canary, an operator's curl)
+        # loads nothing remote and prefills the prompt itself.
+        log.info("request %s without kv_transfer_params: prefilled locally (kv_consumer)", rid)
     try:
         prompt_tokens, last_user = await engine.prompt_of(kind, body)
         if kv_params and kv_params.get("do_remote_decode"):
