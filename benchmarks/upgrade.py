@@ -15,9 +15,13 @@ Scenarios:
   flag     a flag of the prefill pool changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml rolls
            the four prefill instances one at a time; then a second run (nothing to do) and a third that
            restores the inventory's flag, under the same load.
-  release, bad-sla, bad-accuracy
-           the stand-in releases B, bad-sla, bad-accuracy as the target (pdctl_lab_engine_release): the
-           playbook refuses a release change today (docs/upgrades.md); the line records that verdict.
+  release  the stand-in release B as the target (pdctl_lab_engine_release, vllm_version lab-0.2.0): the
+           two-pool switch, then a second run (nothing to do), then back to the inventory's release A (the
+           same switch), all under the same load. cross_release_pairs counts the decode's refused pulls,
+           temporary_decode_cross_release_pairs the temporary decode's.
+  bad-sla, bad-accuracy
+           B with a fault as the target: the gates after the switch fail. Automatic rollback is not built
+           yet (docs/upgrades.md): the line records the failed run; the lab is then returned to A.
 
 The lab must be up and converged (`scripts/lab`). Prints progress on stderr, the JSON line on stdout.
 """
@@ -196,8 +200,12 @@ def main():
                   min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples))
     if summary["failed_requests"]:
         problems.append("%d failed requests: %s" % (summary["failed_requests"], summary["errors"]))
-    if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < result["prefill_total"] - 1:
-        problems.append("prefill capacity fell to %s of %d" % (result["min_prefill_capacity"], result["prefill_total"]))
+    # A compatible change keeps N-1 of N prefill instances serving; a release switch serves throughout,
+    # from the new release's first pair (one prefill instance) while the old pool drains.
+    floor = result["prefill_total"] - 1 if args.scenario.startswith("flag") else 1
+    if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < floor:
+        problems.append("prefill capacity fell to %s of %d (floor %d)" % (result["min_prefill_capacity"],
+                                                                         result["prefill_total"], floor))
     if result["cross_release_pairs"]:
         problems.append("%d KV pulls across releases" % result["cross_release_pairs"])
     result["verdict"] = "pass" if not problems else "fail: " + "; ".join(problems)
