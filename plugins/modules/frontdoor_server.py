@@ -138,16 +138,19 @@ def _set(sock, backend, server, state):
 
 
 def _wait(sock, backend, server, wait, timeout):
-    """Poll until `wait` holds; return the last row."""
-    deadline = time.monotonic() + timeout
+    """Poll until `wait` holds; return the last row and the seconds spent polling (0 if it held at once)."""
+    start = time.monotonic()
+    deadline = start + timeout
     row = _row(sock, backend, server)
+    waited = 0.0
     while not _reached(row, wait):
         if time.monotonic() >= deadline:
             raise RollingError("%s/%s did not become %s within %d s (status %s, %s request(s) in flight)"
                                % (backend, server, wait, timeout, row["status"], row.get("scur")))
         time.sleep(0.5)
         row = _row(sock, backend, server)
-    return row
+        waited = time.monotonic() - start
+    return row, waited
 
 
 def run(params, check_mode):
@@ -159,18 +162,17 @@ def run(params, check_mode):
               "sessions": int(row.get("scur") or 0), "waited_s": 0.0}
     if check_mode:
         return result
-    start = time.monotonic()
+    drained = 0.0
     if changed and params["state"] == "maint" and params["drain_first"]:
         # Out of rotation without cutting a stream: drained first (or still draining from a run that
         # was interrupted), in maintenance once idle.
         if previous == "ready":
             _set(sock, backend, server, "drain")
-        _wait(sock, backend, server, "idle", params["timeout"])
+        drained = _wait(sock, backend, server, "idle", params["timeout"])[1]
     if changed:
         _set(sock, backend, server, params["state"])
-    row = _wait(sock, backend, server, params["wait"], params["timeout"])
-    result.update(status=row["status"], sessions=int(row.get("scur") or 0),
-                  waited_s=round(time.monotonic() - start, 2))
+    row, waited = _wait(sock, backend, server, params["wait"], params["timeout"])
+    result.update(status=row["status"], sessions=int(row.get("scur") or 0), waited_s=round(drained + waited, 2))
     return result
 
 
