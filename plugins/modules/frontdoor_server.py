@@ -62,7 +62,8 @@ attributes:
     details: Reports whether the state would change; sets nothing and does not wait.
   diff_mode:
     support: none
-author: pdctl contributors
+author:
+  - pdctl contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -43,7 +43,8 @@ attributes:
     details: Reads once and reports; does not wait.
   diff_mode:
     support: none
-author: pdctl contributors
+author:
+  - pdctl contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

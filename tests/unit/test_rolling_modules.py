@@ -29,7 +29,7 @@ def frontdoor(fake, capsys, check_mode=False, **args):
 
 
 def test_drain_changes_the_state_and_reports_the_previous_one(haproxy, capsys):
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="drain")
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", state="drain")
     assert not failed and res["changed"]
     assert res["previous_state"] == "ready" and res["status"] == "DRAIN" and res["sessions"] == 0
     assert haproxy.sets == ["set server be_routers/lab-decode-0 state drain"]
@@ -38,9 +38,9 @@ def test_drain_changes_the_state_and_reports_the_previous_one(haproxy, capsys):
 
 
 def test_maint_then_ready_round_trip(haproxy, capsys):
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-1", state="maint")
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-1", state="maint")
     assert not failed and res["changed"] and res["previous_state"] == "ready" and res["status"] == "MAINT"
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-1", state="ready")
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-1", state="ready")
     assert not failed and res["changed"] and res["previous_state"] == "maint"
     assert res["status"] == "DOWN" and res["waited_s"] == 0.0   # wait=none: its checks have not run yet
     assert haproxy.sets == ["set server be_routers/lab-decode-1 state maint",
@@ -49,7 +49,7 @@ def test_maint_then_ready_round_trip(haproxy, capsys):
 
 @pytest.mark.parametrize("server, state", [("lab-decode-0-standby", "maint"), ("lab-decode-0", "ready")])
 def test_same_state_is_not_changed_and_sends_no_set(haproxy, capsys, server, state):
-    failed, res, _ = frontdoor(haproxy, capsys, server=server, state=state)
+    failed, res, dummy = frontdoor(haproxy, capsys, server=server, state=state)
     assert not failed and not res["changed"] and res["previous_state"] == state
     assert haproxy.sets == []
 
@@ -59,19 +59,19 @@ def test_drained_router_whose_checks_fail_is_still_drained(haproxy, capsys):
     must come from srv_admin_state, or `state=ready` would be a no-op and leave it drained for good."""
     router = haproxy.servers["lab-decode-1"]
     router.admin, router.health = FDRAIN, ["DOWN"]
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-1", state="drain")
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-1", state="drain")
     assert not failed and not res["changed"] and res["previous_state"] == "drain" and res["status"] == "DOWN"
     assert haproxy.sets == []
     router.health = ["DOWN", "UP"]   # restarted: its next check passes
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-1", state="ready", wait="up", timeout=5)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-1", state="ready", wait="up", timeout=5)
     assert not failed and res["changed"] and res["previous_state"] == "drain"
     assert haproxy.sets == ["set server be_routers/lab-decode-1 state ready"]
     assert res["status"] == "UP" and router.admin == 0   # UP, not DRAIN: it takes traffic again
 
 
 def test_check_mode_changes_nothing_and_does_not_wait(haproxy, capsys):
-    failed, res, _ = frontdoor(haproxy, capsys, check_mode=True, server="lab-decode-0-standby", state="ready",
-                               wait="up", timeout=30)
+    failed, res, dummy = frontdoor(haproxy, capsys, check_mode=True, server="lab-decode-0-standby", state="ready",
+                                   wait="up", timeout=30)
     assert not failed and res["changed"] and res["previous_state"] == "maint"
     assert res["status"] == "MAINT" and res["waited_s"] == 0.0
     assert haproxy.sets == [] and haproxy.stat_reads == 1   # one read: no wait
@@ -79,7 +79,7 @@ def test_check_mode_changes_nothing_and_does_not_wait(haproxy, capsys):
 
 
 def test_check_mode_same_state_is_not_changed(haproxy, capsys):
-    failed, res, _ = frontdoor(haproxy, capsys, check_mode=True, server="lab-decode-0", state="ready")
+    failed, res, dummy = frontdoor(haproxy, capsys, check_mode=True, server="lab-decode-0", state="ready")
     assert not failed and not res["changed"] and haproxy.sets == []
 
 
@@ -89,7 +89,7 @@ def test_check_mode_same_state_is_not_changed(haproxy, capsys):
 ])
 def test_ready_waits_until_the_checks_pass(haproxy, capsys, rejoin):
     haproxy.rejoin = rejoin
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0-standby", state="ready", wait="up", timeout=10)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0-standby", state="ready", wait="up", timeout=10)
     assert not failed, res
     assert res["changed"] and res["previous_state"] == "maint" and res["status"] == "UP"
     # one read before the set, then one per status: two half-second sleeps before UP
@@ -102,7 +102,7 @@ def test_ready_waits_until_the_checks_pass(haproxy, capsys, rejoin):
 def test_wait_up_times_out_naming_the_server_and_status(haproxy, capsys):
     haproxy.rejoin = ["DOWN"]
     t0 = time.monotonic()
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0-standby", state="ready", wait="up", timeout=1)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0-standby", state="ready", wait="up", timeout=1)
     assert failed
     assert res["msg"] == ("be_routers/lab-decode-0-standby did not become up within 1 s (status DOWN, 0 request(s) "
                           "in flight)")
@@ -112,7 +112,7 @@ def test_wait_up_times_out_naming_the_server_and_status(haproxy, capsys):
 
 def test_drain_waits_until_idle(haproxy, capsys):
     haproxy.servers["lab-decode-0"].scur = [4, 4, 2, 0]
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="drain", wait="idle", timeout=10)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", state="drain", wait="idle", timeout=10)
     assert not failed, res
     assert res["changed"] and res["status"] == "DRAIN" and res["sessions"] == 0
     assert haproxy.stat_reads == 4 and 0.9 <= res["waited_s"] < 15  # upper bound: it returned (a busy CI machine is slow)
@@ -120,7 +120,7 @@ def test_drain_waits_until_idle(haproxy, capsys):
 
 def test_maint_with_drain_first_lets_the_streams_finish_then_takes_it_out(haproxy, capsys):
     haproxy.servers["lab-decode-0"].scur = [3, 3, 1, 0]
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="maint", drain_first=True, timeout=10)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", state="maint", drain_first=True, timeout=10)
     assert not failed, res
     assert res["changed"] and res["previous_state"] == "ready" and res["status"] == "MAINT"
     assert haproxy.sets == ["set server be_routers/lab-decode-0 state drain",
@@ -129,14 +129,14 @@ def test_maint_with_drain_first_lets_the_streams_finish_then_takes_it_out(haprox
 
 
 def test_maint_with_drain_first_leaves_a_server_in_maintenance_alone(haproxy, capsys):
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0-standby", state="maint", drain_first=True)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0-standby", state="maint", drain_first=True)
     assert not failed and not res["changed"] and haproxy.sets == []
 
 
 def test_maint_with_drain_first_waits_for_a_server_left_draining(haproxy, capsys):
     frontdoor(haproxy, capsys, server="lab-decode-0", state="drain")
     haproxy.servers["lab-decode-0"].scur = [2, 1, 0]
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="maint", drain_first=True, timeout=10)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", state="maint", drain_first=True, timeout=10)
     assert not failed and res["previous_state"] == "drain" and res["status"] == "MAINT"
     assert haproxy.sets[-1] == "set server be_routers/lab-decode-0 state maint"
     assert haproxy.stat_reads >= 3  # it waited for the two streams before taking it out
@@ -145,7 +145,7 @@ def test_maint_with_drain_first_waits_for_a_server_left_draining(haproxy, capsys
 def test_wait_idle_times_out_naming_the_server_and_its_sessions(haproxy, capsys):
     haproxy.servers["lab-decode-0"].scur = [7]
     t0 = time.monotonic()
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-0", state="drain", wait="idle", timeout=1)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", state="drain", wait="idle", timeout=1)
     assert failed
     assert res["msg"] == ("be_routers/lab-decode-0 did not become idle within 1 s (status DRAIN, 7 request(s) in "
                           "flight)")
@@ -156,13 +156,13 @@ def test_wait_idle_times_out_naming_the_server_and_its_sessions(haproxy, capsys)
 
 def test_wait_without_state_only_waits(haproxy, capsys):
     haproxy.servers["lab-decode-1"].scur = [1, 1, 0]
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-1", wait="idle", timeout=10)
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-1", wait="idle", timeout=10)
     assert not failed and not res["changed"] and res["sessions"] == 0 and res["previous_state"] == "ready"
     assert haproxy.sets == [] and haproxy.stat_reads == 3
 
 
 def test_unknown_server_fails_naming_the_known_ones(haproxy, capsys):
-    failed, res, _ = frontdoor(haproxy, capsys, server="lab-decode-7", state="drain")
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-7", state="drain")
     assert failed
     assert res["msg"] == ("HAProxy has no server be_routers/lab-decode-7 (servers: be_routers/lab-decode-0, "
                           "be_routers/lab-decode-0-standby, be_routers/lab-decode-1)")
@@ -170,7 +170,7 @@ def test_unknown_server_fails_naming_the_known_ones(haproxy, capsys):
 
 
 def test_unknown_backend_fails_naming_the_known_servers(haproxy, capsys):
-    failed, res, _ = frontdoor(haproxy, capsys, backend="be_other", server="lab-decode-0", state="drain")
+    failed, res, dummy = frontdoor(haproxy, capsys, backend="be_other", server="lab-decode-0", state="drain")
     assert failed and "HAProxy has no server be_other/lab-decode-0 (servers: be_routers/lab-decode-0," in res["msg"]
     assert haproxy.sets == []
 
@@ -178,7 +178,7 @@ def test_unknown_backend_fails_naming_the_known_servers(haproxy, capsys):
 def test_a_refused_set_fails_with_haproxys_words(capsys):
     fake, cleanup = front_door(level="operator")
     try:
-        failed, res, _ = frontdoor(fake, capsys, server="lab-decode-0", state="drain")
+        failed, res, dummy = frontdoor(fake, capsys, server="lab-decode-0", state="drain")
     finally:
         cleanup()
     assert failed
@@ -189,7 +189,7 @@ def test_socket_missing_fails_clearly(capsys):
     directory = short_socket_dir()
     path = os.path.join(directory, "admin.sock")
     try:
-        failed, res, _ = run("frontdoor_server", {"server": "lab-decode-0", "state": "drain", "socket": path}, capsys)
+        failed, res, dummy = run("frontdoor_server", {"server": "lab-decode-0", "state": "drain", "socket": path}, capsys)
     finally:
         os.rmdir(directory)
     assert failed
@@ -264,26 +264,26 @@ def drain(metrics, capsys, check_mode=False, **args):
 
 def test_waits_for_the_engines_to_empty_then_for_settle_s(metrics, capsys):
     metrics.pages = [BUSY, BUSY, vllm_page((0, 0, 0), (0, 1, 0)), IDLE]
-    failed, res, _ = drain(metrics, capsys, settle_s=0.5, timeout=10)
+    failed, res, dummy = drain(metrics, capsys, settle_s=0.5, timeout=10)
     assert not failed, res
     assert res == dict(res, changed=False, running=0, waiting=0)
-    first_idle = next(i for i, (_, page) in enumerate(metrics.reads) if page is IDLE)
+    first_idle = next(i for i, (dummy, page) in enumerate(metrics.reads) if page is IDLE)
     assert first_idle == 3   # one engine still waiting kept it busy
     quiet = metrics.reads[-1][0] - metrics.reads[first_idle][0]
     assert 0.4 <= quiet < 10   # it settled for settle_s (the upper bound only says it returned)
-    assert all(page is IDLE for _, page in metrics.reads[first_idle:])
+    assert all(page is IDLE for dummy, page in metrics.reads[first_idle:])
     assert res["waited_s"] >= 0.3 + 0.4
 
 
 def test_idle_from_the_start_still_settles(metrics, capsys):
-    failed, res, _ = drain(metrics, capsys, settle_s=0.5, timeout=10)
+    failed, res, dummy = drain(metrics, capsys, settle_s=0.5, timeout=10)
     assert not failed and res["running"] == 0 and res["waiting"] == 0
     assert 0.5 <= res["waited_s"] < 2.0 and len(metrics.reads) >= 2
 
 
 def test_a_request_during_the_quiet_starts_it_over(metrics, capsys):
     metrics.pages = [IDLE, IDLE, vllm_page((0, 1), (0, 0)), IDLE]
-    failed, res, _ = drain(metrics, capsys, settle_s=0.4, timeout=10)
+    failed, res, dummy = drain(metrics, capsys, settle_s=0.4, timeout=10)
     assert not failed, res
     busy_at = next(t for t, page in metrics.reads if page is not IDLE)
     after = [page for t, page in metrics.reads if t > busy_at]
@@ -293,7 +293,7 @@ def test_a_request_during_the_quiet_starts_it_over(metrics, capsys):
 def test_times_out_naming_running_and_waiting(metrics, capsys):
     metrics.pages = [BUSY]
     t0 = time.monotonic()
-    failed, res, _ = drain(metrics, capsys, settle_s=0.2, timeout=1, poll_s=0.2)
+    failed, res, dummy = drain(metrics, capsys, settle_s=0.2, timeout=1, poll_s=0.2)
     assert failed
     assert res["msg"] == ("%s still has 3 request(s) running and 3 waiting after 1 s: has every router stopped "
                           "sending to it?" % metrics.url)
@@ -302,7 +302,7 @@ def test_times_out_naming_running_and_waiting(metrics, capsys):
 
 def test_check_mode_reads_once_and_does_not_wait(metrics, capsys):
     metrics.pages = [BUSY, IDLE]
-    failed, res, _ = drain(metrics, capsys, check_mode=True, settle_s=5, timeout=30)
+    failed, res, dummy = drain(metrics, capsys, check_mode=True, settle_s=5, timeout=30)
     assert not failed
     assert res == dict(res, changed=False, running=3, waiting=3, waited_s=0.0)
     assert len(metrics.reads) == 1
@@ -310,7 +310,7 @@ def test_check_mode_reads_once_and_does_not_wait(metrics, capsys):
 
 def test_a_page_without_the_metrics_fails_clearly(metrics, capsys):
     metrics.pages = ["# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\nnode_load1 0.42\n"]
-    failed, res, _ = drain(metrics, capsys, timeout=5)
+    failed, res, dummy = drain(metrics, capsys, timeout=5)
     assert failed
     assert res["msg"] == ("%s: no vllm:num_requests_running or vllm:num_requests_waiting on the page: not a vLLM "
                           "instance's /metrics" % metrics.url)
@@ -319,7 +319,7 @@ def test_a_page_without_the_metrics_fails_clearly(metrics, capsys):
 
 def test_a_wrong_path_fails_naming_the_url_and_the_http_error(metrics, capsys):
     url = metrics.url.replace("/metrics", "/health")
-    failed, res, _ = run("instance_drain", {"url": url, "timeout": 5}, capsys)
+    failed, res, dummy = run("instance_drain", {"url": url, "timeout": 5}, capsys)
     assert failed and res["msg"].startswith("cannot read %s: " % url) and "404" in res["msg"]
 
 
@@ -327,5 +327,5 @@ def test_nothing_listening_fails_naming_the_url(capsys):
     server = Metrics()
     url = server.url
     server.close()   # the port is free again: connection refused
-    failed, res, _ = run("instance_drain", {"url": url, "timeout": 5}, capsys)
+    failed, res, dummy = run("instance_drain", {"url": url, "timeout": 5}, capsys)
     assert failed and res["msg"].startswith("cannot read %s: " % url)

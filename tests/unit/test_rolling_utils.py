@@ -111,7 +111,7 @@ def unix_server():
 
     def serve(behaviour):
         def loop():
-            conn, _ = listener.accept()
+            conn, dummy = listener.accept()
             with conn:
                 received.append(conn.recv(4096))
                 behaviour(conn)
