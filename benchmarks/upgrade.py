@@ -20,14 +20,20 @@ Scenarios:
            same switch), all under the same load. cross_release_pairs counts the decode's refused pulls,
            temporary_decode_cross_release_pairs the temporary decode's.
   bad-sla, bad-accuracy
-           B with a fault as the target: the gates after the switch fail. Automatic rollback is not built
-           yet (docs/upgrades.md): the line records the failed run; the lab is then returned to A.
+           B with a fault as the target: the gates after the switch fail and the playbook rolls every
+           instance back to A by itself (the same switch), runs the gates again and exits non-zero naming
+           the gate; rollback_s is that rollback. A second run with the same target is refused (it was
+           rolled back); then the inventory's release, nothing to do.
+  release-interrupted
+           bad-sla, with the playbook killed three times (KILL_POINTS: during staging, during the switch,
+           during the rollback), each time run again; the last run completes the rollback.
 
 The lab must be up and converged (`scripts/lab`). Prints progress on stderr, the JSON line on stdout.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -42,7 +48,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from pdctl import collection
+from pdctl import collection, inventory
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 
 ROOT = collection.root()
@@ -51,7 +57,15 @@ FRONTDOOR_HOST = "lab-decode-0"
 FRONTDOOR = "https://10.89.64.13:8443"
 DECODE_METRICS = "http://10.89.64.13:8100/metrics"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
-RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy"}
+RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy",
+                     "release-interrupted": "bad-sla"}
+SCENARIOS = ["flag", "flag-interrupted"] + sorted(RELEASE_SCENARIOS)
+# release-interrupted: where the three kills land (a line of the playbook's output, then seconds).
+KILL_POINTS = [
+    ("during staging", ([r"^TASK \[.*Release venv holds exactly the locked wheels"], 1)),
+    ("during the switch", ([r"^TASK \[The router pairs only the new release"], 3)),
+    ("during the rollback", ([r"^TASK \[Release switch record: rolling-back\]", r"^TASK \[The router pairs only"], 3)),
+]
 RELEASES = yaml.safe_load((INVENTORY / "group_vars/all/host_requirements.yml").read_text())["pdctl_lab_engine_releases"]
 
 class TemporaryDecodePairs(threading.Thread):
@@ -99,28 +113,73 @@ def client_key():
     return {c["name"]: c["key"] for c in clients}["tester"]
 
 
-def run_upgrade(extra_vars, label, kill_after=None):
-    """ansible-playbook playbooks/upgrade.yml on the lab; (rc, seconds, hosts with changes, tail).
-    kill_after: SIGKILL the playbook's whole process group that many seconds in (an operator's kill -9)."""
+def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=()):
+    """ansible-playbook playbooks/upgrade.yml on the lab; a Run (rc, seconds, hosts with changes, tail,
+    rollback_s). Killed like an operator's kill -9 (SIGKILL to the playbook's whole process group):
+    kill_after seconds in, or kill_at = ([regex, ...], seconds): that many seconds after lines matching
+    each regex in turn have been printed."""
     cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/upgrade.yml", "-i", str(INVENTORY)]
     if extra_vars:
         cmd += ["-e", "@" + str(extra_vars)]
+    cmd += list(playbook_args)
     log("%s: %s" % (label, " ".join(cmd[1:])))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    try:
-        stdout, _ = proc.communicate(timeout=kill_after)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, _ = proc.communicate()
-        last = [ln for ln in stdout.splitlines() if ln.startswith("TASK [")][-1:]
-        log("%s: killed after %.0f s, in %s" % (label, time.monotonic() - t0, last[0] if last else "?"))
+    lines, marks, deadline = [], {}, (t0 + kill_after) if kill_after else None
+    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines, marks), daemon=True)
+    reader.start()
+    killed, seen, waiting_for = None, 0, list(kill_at[0]) if kill_at else []
+    while proc.poll() is None:
+        now = time.monotonic()
+        while waiting_for and seen < len(lines):
+            if re.search(waiting_for[0], lines[seen]):
+                waiting_for.pop(0)
+                if not waiting_for:
+                    deadline = now + kill_at[1]
+            seen += 1
+        if deadline is not None and now >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = [ln for ln in lines if ln.startswith("TASK [")][-1:]
+            break
+        time.sleep(0.2)
+    proc.wait()
+    reader.join(10)
     took = time.monotonic() - t0
+    stdout = "\n".join(lines)
+    if killed is not None:
+        log("%s: killed after %.0f s, in %s" % (label, took, killed[0] if killed else "?"))
     changed = {h: int(c) for h, c in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", stdout, re.M)}
     log("%s: exit %d in %.1f s, changed %s" % (label, proc.returncode, took, changed))
-    tail = [ln for ln in stdout.splitlines() if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
-    return proc.returncode, took, changed, tail
+    tail = [ln for ln in lines if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
+    rollback_s = round(marks["end"] - marks["rollback"], 1) if "rollback" in marks else None
+    return Run(proc.returncode, took, changed, tail, rollback_s, stdout)
+
+
+# What run_upgrade saw; rollback_s runs from the moment the rollback is recorded to the end of the playbook.
+Run = collections.namedtuple("Run", "rc took changed tail rollback_s stdout")
+
+
+def _read_lines(stream, lines, marks):
+    for line in stream:
+        lines.append(line.rstrip("\n"))
+        if line.startswith("TASK [Release switch record: rolling-back]") and "rollback" not in marks:
+            marks["rollback"] = time.monotonic()
+    marks["end"] = time.monotonic()
+
+
+def instance_releases():
+    """{instance: the stand-in release it runs} (the release label of pdctl_lab_engine_info), read from
+    every planned instance; None for one that does not answer."""
+    out = {}
+    for inst in inventory.plan(INVENTORY)["instances"]:
+        try:
+            text = httpx.get(inst["url"] + "/metrics", timeout=10).text
+            found = re.findall(r'^pdctl_lab_engine_info\{[^}]*release="([^"]*)"', text, re.M)
+            out[inst["name"]] = found[0] if found else None
+        except httpx.HTTPError:
+            out[inst["name"]] = None
+    return out
 
 
 def flag_vars(tmp):
@@ -136,68 +195,37 @@ def flag_vars(tmp):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=["flag", "flag-interrupted"] + sorted(RELEASE_SCENARIOS), default="flag")
+    ap.add_argument("--scenario", choices=SCENARIOS, default="flag")
     ap.add_argument("--clients", type=int, default=8)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="pdctl-upgrade-bench-")
     result = {"scenario": args.scenario, "requests": 0, "failed_requests": 0, "cross_release_pairs": 0,
               "min_prefill_capacity": None, "prefill_total": 4, "upgrade_s": None, "rollback_s": None,
               "verdict": None}
-    rc, _, _, tail = run_upgrade(None, "precondition: the lab runs what the inventory says (no load yet)")
-    if rc:
-        sys.exit("the lab does not converge to its inventory: %s" % " | ".join(tail))
+    pre = run_upgrade(None, "precondition: the lab runs what the inventory says (no load yet)")
+    if pre.rc:
+        sys.exit("the lab does not converge to its inventory: %s" % " | ".join(pre.tail))
+    before = instance_releases()
     pairs_before = cross_release_pairs()
+    problems = []
     sampler = FrontdoorCapacity(FRONTDOOR_HOST)
     sampler.start()
+    watcher = TemporaryDecodePairs()
+    watcher.start()
     with StreamLoad(FRONTDOOR, client_key(), clients=args.clients, verify=CA) as load:
         time.sleep(3)
         if args.scenario in ("flag", "flag-interrupted"):
-            took_killed = 0.0
-            if args.scenario == "flag-interrupted":
-                # Killed three times at different points (staging, the first instance's switch, a later
-                # instance), each time re-run; the last run completes.
-                for after in (8, 30, 45):
-                    _, t, _, _ = run_upgrade(flag_vars(tmp), "upgrade killed at %d s" % after, kill_after=after)
-                    took_killed += t
-            rc, took, changed, tail = run_upgrade(flag_vars(tmp), "upgrade (prefill flag)")
-            result["upgrade_s"] = round(took + took_killed, 1)
-            rc2, took2, changed2, _ = run_upgrade(flag_vars(tmp), "second run (same target)")
-            result.update(second_run_s=round(took2, 1), second_run_changed=sum(changed2.values()))
-            rc3, took3, _, tail3 = run_upgrade(None, "restore (the inventory's flag)")
-            result["restore_s"] = round(took3, 1)
-            problems = []
-            if rc or rc2 or rc3:
-                problems.append("playbook exit %d/%d/%d: %s" % (rc, rc2, rc3, " | ".join(tail + tail3)[:400]))
-            if changed2 and sum(changed2.values()):
-                problems.append("the second run changed %s" % changed2)
+            problems += flag_scenario(args.scenario, tmp, result)
         else:
-            release = RELEASE_SCENARIOS[args.scenario]
-            path = Path(tmp) / "release.yml"
-            path.write_text(yaml.safe_dump({"pdctl_lab_engine_release": release,
-                                            "vllm_version": "lab-" + RELEASES[release]}))
-            watcher = TemporaryDecodePairs()
-            watcher.start()
-            rc, took, changed, tail = run_upgrade(path, "upgrade (release %s)" % release)
-            result["upgrade_s"] = round(took, 1)
-            rc2, took2, changed2, _ = run_upgrade(path, "second run (same target)")
-            result.update(second_run_s=round(took2, 1), second_run_changed=sum(changed2.values()))
-            rc3, took3, _, tail3 = run_upgrade(None, "back to the inventory's release")
-            result["restore_s"] = round(took3, 1)
-            watcher.stop()
-            result["temporary_decode_cross_release_pairs"] = watcher.pairs
-            problems = []
-            if rc or rc2 or rc3:
-                problems.append("playbook exit %d/%d/%d: %s" % (rc, rc2, rc3, " | ".join(tail + tail3)[:400]))
-            if sum(changed2.values()):
-                problems.append("the second run changed %s" % changed2)
-            if watcher.pairs:
-                problems.append("%d KV pulls across releases at the temporary decode" % watcher.pairs)
+            problems += release_scenario(args.scenario, tmp, result, before)
         time.sleep(3)
     sampler.stop()
+    watcher.stop()
     summary = load.summary()
     result.update(requests=summary["requests"], failed_requests=summary["failed_requests"],
                   cross_release_pairs=int(cross_release_pairs() - pairs_before),
-                  min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples))
+                  min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples),
+                  temporary_decode_cross_release_pairs=watcher.pairs)
     if summary["failed_requests"]:
         problems.append("%d failed requests: %s" % (summary["failed_requests"], summary["errors"]))
     # A compatible change keeps N-1 of N prefill instances serving; a release switch serves throughout,
@@ -206,11 +234,83 @@ def main():
     if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < floor:
         problems.append("prefill capacity fell to %s of %d (floor %d)" % (result["min_prefill_capacity"],
                                                                          result["prefill_total"], floor))
-    if result["cross_release_pairs"]:
-        problems.append("%d KV pulls across releases" % result["cross_release_pairs"])
+    if result["cross_release_pairs"] or watcher.pairs:
+        problems.append("%d KV pulls across releases (%d at the temporary decode)"
+                        % (result["cross_release_pairs"] + watcher.pairs, watcher.pairs))
     result["verdict"] = "pass" if not problems else "fail: " + "; ".join(problems)
     print(json.dumps(result))
     return 0 if not problems else 1
+
+
+def flag_scenario(scenario, tmp, result):
+    problems, took_killed = [], 0.0
+    if scenario == "flag-interrupted":
+        # Killed three times at different points (staging, the first instance's switch, a later
+        # instance), each time re-run; the last run completes.
+        for after in (8, 30, 45):
+            took_killed += run_upgrade(flag_vars(tmp), "upgrade killed at %d s" % after, kill_after=after).took
+    up = run_upgrade(flag_vars(tmp), "upgrade (prefill flag)")
+    result["upgrade_s"] = round(up.took + took_killed, 1)
+    again = run_upgrade(flag_vars(tmp), "second run (same target)")
+    result.update(second_run_s=round(again.took, 1), second_run_changed=sum(again.changed.values()))
+    back = run_upgrade(None, "restore (the inventory's flag)")
+    result["restore_s"] = round(back.took, 1)
+    if up.rc or again.rc or back.rc:
+        problems.append("playbook exit %d/%d/%d: %s" % (up.rc, again.rc, back.rc, " | ".join(up.tail + back.tail)[:400]))
+    if sum(again.changed.values()):
+        problems.append("the second run changed %s" % again.changed)
+    return problems
+
+
+def release_scenario(scenario, tmp, result, before):
+    """release: A -> B, a second run, back to A. bad-sla / bad-accuracy: A -> the bad release, which the
+    gates reject: the playbook rolls back to A by itself and exits non-zero naming the gate; a second
+    run with the same target is refused (it was rolled back) and changes nothing. release-interrupted:
+    the bad-sla upgrade killed during staging, during the switch and during the rollback, each time
+    run again; the last run completes the rollback."""
+    problems = []
+    release = RELEASE_SCENARIOS[scenario]
+    path = Path(tmp) / "release.yml"
+    path.write_text(yaml.safe_dump({"pdctl_lab_engine_release": release, "vllm_version": "lab-" + RELEASES[release]}))
+    took_killed = 0.0
+    if scenario == "release-interrupted":
+        for label, kill_at in KILL_POINTS:
+            run = run_upgrade(path, "upgrade killed %s" % label, kill_at=kill_at)
+            took_killed += run.took
+            if run.rc != -signal.SIGKILL:
+                problems.append("the run meant to be killed %s ended by itself (exit %d)" % (label, run.rc))
+    up = run_upgrade(path, "upgrade (release %s)" % release)
+    result["upgrade_s"] = round(up.took + took_killed, 1)
+    result["rollback_s"] = up.rollback_s
+    after = instance_releases()
+    result["releases_after"] = sorted(set(after.values()), key=str)
+    if release == "B":
+        expect = {name: "B" for name in after}
+        if up.rc:
+            problems.append("upgrade exit %d: %s" % (up.rc, " | ".join(up.tail)[:400]))
+    else:
+        # Rolled back: the playbook fails naming the gate, every instance is back on what it ran before.
+        expect = before
+        if up.rc == 0 or "Upgrade rolled back" not in up.stdout:
+            problems.append("not rolled back (exit %d): %s" % (up.rc, " | ".join(up.tail)[:400]))
+        else:
+            result["reason"] = re.findall(r"Upgrade rolled back: ([^\n\"]{0,200})", up.stdout)[:1]
+    if after != expect:
+        problems.append("instances run %s, expected %s" % (after, expect))
+    again = run_upgrade(path, "second run (same target)")
+    result.update(second_run_s=round(again.took, 1), second_run_changed=sum(again.changed.values()),
+                  second_run_exit=again.rc)
+    if sum(again.changed.values()):
+        problems.append("the second run changed %s" % again.changed)
+    if release == "B" and again.rc:
+        problems.append("second run exit %d" % again.rc)
+    if release != "B" and "was rolled back" not in again.stdout:
+        problems.append("the second run did not refuse the rolled-back release: %s" % " | ".join(again.tail)[:300])
+    back = run_upgrade(None, "back to the inventory's release")
+    result["restore_s"] = round(back.took, 1)
+    if back.rc:
+        problems.append("restore exit %d: %s" % (back.rc, " | ".join(back.tail)[:400]))
+    return problems
 
 
 if __name__ == "__main__":

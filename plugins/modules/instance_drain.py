@@ -33,6 +33,13 @@ options:
     description: Seconds between two reads.
     type: float
     default: 0.5
+  stopped_ok:
+    description:
+      - An instance that refuses the connection (stopped) has nothing in flight: report it drained with
+        I(stopped=true) instead of failing. A re-run of an interrupted upgrade meets instances it stopped.
+      - Any other read failure (a timeout, a refused page) still fails.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -65,6 +72,11 @@ waiting:
   returned: always
   type: int
   sample: 0
+stopped:
+  description: The instance refused the connection (I(stopped_ok)); nothing was in flight.
+  returned: always
+  type: bool
+  sample: false
 waited_s:
   description: Seconds spent waiting.
   returned: always
@@ -79,10 +91,16 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rolling import RollingError, in_flight
 
 
+class InstanceStopped(RollingError):
+    """The instance refused the connection: no process listens, nothing is in flight."""
+
+
 def _read(url):
     try:
         text = open_url(url, timeout=10).read().decode(errors="replace")
     except Exception as exc:  # the URL library raises many kinds; each is the same failure here
+        if isinstance(getattr(exc, "reason", exc), ConnectionRefusedError):
+            raise InstanceStopped("cannot read %s: connection refused" % url)
         raise RollingError("cannot read %s: %s" % (url, exc))
     try:
         totals = in_flight(text)
@@ -93,9 +111,14 @@ def _read(url):
 
 def run(params, check_mode, read=_read, clock=time.monotonic, sleep=time.sleep):
     start = clock()
-    running, waiting = read(params["url"])
+    try:
+        running, waiting = read(params["url"])
+    except InstanceStopped:
+        if not params.get("stopped_ok"):
+            raise
+        return {"changed": False, "running": 0, "waiting": 0, "stopped": True, "waited_s": 0.0}
     if check_mode:
-        return {"changed": False, "running": running, "waiting": waiting, "waited_s": 0.0}
+        return {"changed": False, "running": running, "waiting": waiting, "stopped": False, "waited_s": 0.0}
     quiet_since = start if running + waiting == 0 else None
     while quiet_since is None or clock() - quiet_since < params["settle_s"]:
         if clock() - start >= params["timeout"]:
@@ -107,7 +130,8 @@ def run(params, check_mode, read=_read, clock=time.monotonic, sleep=time.sleep):
             quiet_since = None
         elif quiet_since is None:
             quiet_since = clock()
-    return {"changed": False, "running": running, "waiting": waiting, "waited_s": round(clock() - start, 2)}
+    return {"changed": False, "running": running, "waiting": waiting, "stopped": False,
+            "waited_s": round(clock() - start, 2)}
 
 
 def build_module():
@@ -117,6 +141,7 @@ def build_module():
             settle_s=dict(type="float", default=2.0),
             timeout=dict(type="int", default=600),
             poll_s=dict(type="float", default=0.5),
+            stopped_ok=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

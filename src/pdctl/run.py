@@ -26,6 +26,8 @@ EXIT_OK, EXIT_OTHER, EXIT_INVALID, EXIT_GATE, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 # The preflight task that validates the serving plan: failing there means the inventory was rejected.
 PLAN_TASK = "Inventory describes a valid P/D deployment"
 GATE_VERDICT_TASK = "Both gates passed"
+# playbooks/upgrade.yml's last task: fails when a release switch was rolled back (the gates rejected it).
+UPGRADE_VERDICT_TASK = "Upgrade done, or rolled back"
 
 
 def add_parser(sub):
@@ -39,6 +41,10 @@ def add_parser(sub):
                        "one instance at a time, no request lost; --check prints the steps")
     _common_args(u)
     u.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml")
+    r = sub.add_parser("rollback", help="back to the engine release before the last switch (playbooks/upgrade.yml "
+                       "-e upgrade_rollback=true): the same two-pool switch, then the gates")
+    _common_args(r)
+    r.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml", rollback=True)
 
 
 def _common_args(p):
@@ -81,7 +87,7 @@ def exit_code(result: runner.PlaybookResult) -> int:
         return EXIT_INVALID
     if any(f.get("unreachable") for f in result.failures):
         return EXIT_UNREACHABLE
-    if failed_gates(result):
+    if failed_gates(result) or any(f["task"] == UPGRADE_VERDICT_TASK for f in result.failures):
         return EXIT_GATE
     return EXIT_OTHER
 
@@ -156,7 +162,7 @@ def _cmd_run(args) -> int:
                "gates": {}, "failed_gates": [], "artifact_dir": None}
         _write(args, doc, _rejected_junit(args.playbook, problems))
         return EXIT_INVALID
-    extra = []
+    extra = ["-e", "upgrade_rollback=true"] if getattr(args, "rollback", False) else []
     for value in args.extra_vars:
         extra += ["-e", value]
     if args.check or args.diff:

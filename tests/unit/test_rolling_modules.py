@@ -329,3 +329,22 @@ def test_nothing_listening_fails_naming_the_url(capsys):
     server.close()   # the port is free again: connection refused
     failed, res, dummy = run("instance_drain", {"url": url, "timeout": 5}, capsys)
     assert failed and res["msg"].startswith("cannot read %s: " % url)
+
+
+def test_a_stopped_instance_is_drained_with_stopped_ok(capsys):
+    server = Metrics()
+    url = server.url
+    server.close()
+    failed, res, dummy = run("instance_drain", {"url": url, "timeout": 5, "stopped_ok": True}, capsys)
+    assert not failed and res["stopped"] is True and res["running"] == 0 and res["waited_s"] == 0.0
+
+
+def test_stopped_ok_still_fails_on_a_page_that_is_not_metrics(metrics, capsys):
+    url = metrics.url.replace("/metrics", "/health")
+    failed, res, dummy = run("instance_drain", {"url": url, "timeout": 5, "stopped_ok": True}, capsys)
+    assert failed and "404" in res["msg"]
+
+
+def test_a_running_instance_reports_not_stopped(metrics, capsys):
+    failed, res, dummy = run("instance_drain", {"url": metrics.url, "settle_s": 0.1, "stopped_ok": True}, capsys)
+    assert not failed and res["stopped"] is False

@@ -82,3 +82,27 @@ def test_malformed_inventory_exits_2_and_writes_both_files(tmp_path, capsys):
     case = ET.parse(tmp_path / "j.xml").getroot().find(".//testcase")
     assert "inventory rejected" in case.find("failure").get("message")
     assert "is invalid" in capsys.readouterr().err
+
+
+def test_a_rolled_back_upgrade_exits_as_a_gate_failure():
+    rolled_back = result(2, [failure(P0, run.UPGRADE_VERDICT_TASK, "Upgrade rolled back: the gates failed on B")],
+                         gates={"sla": {"passed": True}, "accuracy": {"passed": True}})
+    assert run.exit_code(rolled_back) == 3
+
+
+def test_rollback_runs_the_upgrade_playbook_asking_for_the_rollback(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(playbook, inventory, **kw):
+        seen.update(playbook=playbook, extra=kw["extra_args"], check=kw["check"])
+        return result(0)
+
+    monkeypatch.setattr(runner, "run_playbook", fake_run)
+    inv = inventory_variant(tmp_path / "inv", {})
+    rc = cli.main(["rollback", "-i", str(inv), "--check", "--json", str(tmp_path / "s.json"),
+                   "--artifacts", str(tmp_path / "a")])
+    assert rc == 0
+    assert seen["playbook"] == "playbooks/upgrade.yml" and seen["check"] is True
+    assert seen["extra"][:2] == ["-e", "upgrade_rollback=true"]
+    rc = cli.main(["upgrade", "-i", str(inv), "--json", str(tmp_path / "s.json"), "--artifacts", str(tmp_path / "a")])
+    assert rc == 0 and "upgrade_rollback=true" not in seen["extra"]
