@@ -25,8 +25,9 @@ Scenarios:
            the gate; rollback_s is that rollback. A second run with the same target is refused (it was
            rolled back); then the inventory's release, nothing to do.
   release-interrupted
-           bad-sla, with the playbook killed three times (KILL_POINTS: during staging, during the switch,
-           during the rollback), each time run again; the last run completes the rollback.
+           bad-sla, with the playbook killed four times (KILL_POINTS: during staging, during the switch,
+           late in the switch, during the rollback), each time run again; the last run completes the
+           rollback.
 
 The lab must be up and converged (`scripts/lab`). Prints progress on stderr, the JSON line on stdout.
 """
@@ -56,41 +57,49 @@ INVENTORY = ROOT / "inventories" / "lab"
 FRONTDOOR_HOST = "lab-decode-0"
 FRONTDOOR = "https://10.89.64.13:8443"
 DECODE_METRICS = "http://10.89.64.13:8100/metrics"
+# A release switch's temporary decode runs on the staging host's second prefill instance's port.
+TEMPORARY_DECODE_METRICS = "http://10.89.64.11:8101/metrics"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy",
                      "release-interrupted": "bad-sla"}
 SCENARIOS = ["flag", "flag-interrupted"] + sorted(RELEASE_SCENARIOS)
 # release-interrupted: where the three kills land (a line of the playbook's output, then seconds).
 KILL_POINTS = [
-    ("during staging", ([r"^TASK \[.*Release venv holds exactly the locked wheels"], 1)),
+    # (a task every run prints: with display_skipped_hosts false a skipped task prints no line)
+    ("during staging", ([r"^TASK \[.*Read the lock the release venv was installed from"], 1)),
     ("during the switch", ([r"^TASK \[The router pairs only the new release"], 3)),
+    ("late in the switch", ([r"^TASK \[.*The temporary decode is stopped"], 0.5)),
     ("during the rollback", ([r"^TASK \[Release switch record: rolling-back\]", r"^TASK \[The router pairs only"], 3)),
 ]
 RELEASES = yaml.safe_load((INVENTORY / "group_vars/all/host_requirements.yml").read_text())["pdctl_lab_engine_releases"]
 
-class TemporaryDecodePairs(threading.Thread):
-    """The temporary decode of a release switch runs on the staging host's second prefill instance's
-    port; its own cross-release count, read every second while it runs (its counter dies with it)."""
+class CrossReleasePairs(threading.Thread):
+    """A decode's count of KV pulls refused across releases (pdctl_lab_cross_release_pairs_total), read
+    every second: the counter lives as long as the process, and a switch restarts the decode (and
+    starts and stops the temporary one), so each process's count is kept apart, from what it had
+    counted when the benchmark first saw it."""
 
-    URL = "http://10.89.64.11:8101/metrics"
-
-    def __init__(self):
+    def __init__(self, url):
         super().__init__(daemon=True)
-        self.pairs, self._seen = 0, {}
+        self.url, self.pairs, self._seen, self._base = url, 0, {}, {}
         self._halt = threading.Event()
 
     def run(self):
+        first = True
         while not self._halt.is_set():
             try:
-                text = httpx.get(self.URL, timeout=3).text
+                text = httpx.get(self.url, timeout=3).text
                 if "kv_consumer" in text or "pdctl_lab_cross_release_pairs_total" in text:
-                    pid = re.findall(r'^process_start_time_seconds (\S+)$', text, re.M)
+                    pid = (re.findall(r"^process_start_time_seconds (\S+)$", text, re.M) or ["?"])[0]
                     count = sum(float(v) for v in re.findall(
                         r"^pdctl_lab_cross_release_pairs_total(?:\{[^}]*\})? (\S+)$", text, re.M))
-                    self._seen[pid[0] if pid else "?"] = count
-                    self.pairs = int(sum(self._seen.values()))
+                    if first:
+                        self._base[pid] = count
+                    self._seen[pid] = count
+                    self.pairs = int(sum(c - self._base.get(p, 0) for p, c in self._seen.items()))
             except httpx.HTTPError:
                 pass
+            first = False
             self._halt.wait(1.0)
 
     def stop(self):
@@ -100,11 +109,6 @@ class TemporaryDecodePairs(threading.Thread):
 
 def log(msg):
     print("[upgrade bench %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
-
-
-def cross_release_pairs():
-    text = httpx.get(DECODE_METRICS, timeout=10).text
-    return sum(float(v) for v in re.findall(r"^pdctl_lab_cross_release_pairs_total(?:\{[^}]*\})? (\S+)$", text, re.M))
 
 
 def client_key():
@@ -147,10 +151,12 @@ def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=
     reader.join(10)
     took = time.monotonic() - t0
     stdout = "\n".join(lines)
+    log_file = Path(tempfile.mkstemp(prefix="pdctl-upgrade-run-", suffix=".log")[1])
+    log_file.write_text(stdout + "\n")
     if killed is not None:
         log("%s: killed after %.0f s, in %s" % (label, took, killed[0] if killed else "?"))
     changed = {h: int(c) for h, c in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", stdout, re.M)}
-    log("%s: exit %d in %.1f s, changed %s" % (label, proc.returncode, took, changed))
+    log("%s: exit %d in %.1f s, changed %s; output in %s" % (label, proc.returncode, took, changed, log_file))
     tail = [ln for ln in lines if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
     rollback_s = round(marks["end"] - marks["rollback"], 1) if "rollback" in marks else None
     return Run(proc.returncode, took, changed, tail, rollback_s, stdout)
@@ -163,7 +169,9 @@ Run = collections.namedtuple("Run", "rc took changed tail rollback_s stdout")
 def _read_lines(stream, lines, marks):
     for line in stream:
         lines.append(line.rstrip("\n"))
-        if line.startswith("TASK [Release switch record: rolling-back]") and "rollback" not in marks:
+        # The rollback starts where it is recorded, or, resumed, where the run says it rolls back.
+        if "rollback" not in marks and (line.startswith("TASK [Release switch record: rolling-back]")
+                                        or "rolling back: the two-pool switch" in line):
             marks["rollback"] = time.monotonic()
     marks["end"] = time.monotonic()
 
@@ -206,12 +214,13 @@ def main():
     if pre.rc:
         sys.exit("the lab does not converge to its inventory: %s" % " | ".join(pre.tail))
     before = instance_releases()
-    pairs_before = cross_release_pairs()
     problems = []
     sampler = FrontdoorCapacity(FRONTDOOR_HOST)
     sampler.start()
-    watcher = TemporaryDecodePairs()
+    decode_pairs, watcher = CrossReleasePairs(DECODE_METRICS), CrossReleasePairs(TEMPORARY_DECODE_METRICS)
+    decode_pairs.start()
     watcher.start()
+    time.sleep(2)  # each sampler's first reading is its baseline
     with StreamLoad(FRONTDOOR, client_key(), clients=args.clients, verify=CA) as load:
         time.sleep(3)
         if args.scenario in ("flag", "flag-interrupted"):
@@ -221,13 +230,15 @@ def main():
         time.sleep(3)
     sampler.stop()
     watcher.stop()
+    decode_pairs.stop()
     summary = load.summary()
     result.update(requests=summary["requests"], failed_requests=summary["failed_requests"],
-                  cross_release_pairs=int(cross_release_pairs() - pairs_before),
+                  cross_release_pairs=decode_pairs.pairs,
                   min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples),
                   temporary_decode_cross_release_pairs=watcher.pairs)
     if summary["failed_requests"]:
         problems.append("%d failed requests: %s" % (summary["failed_requests"], summary["errors"]))
+    problems += end_state_problems(sampler)
     # A compatible change keeps N-1 of N prefill instances serving; a release switch serves throughout,
     # from the new release's first pair (one prefill instance) while the old pool drains.
     floor = result["prefill_total"] - 1 if args.scenario.startswith("flag") else 1
@@ -240,6 +251,22 @@ def main():
     result["verdict"] = "pass" if not problems else "fail: " + "; ".join(problems)
     print(json.dumps(result))
     return 0 if not problems else 1
+
+
+def end_state_problems(sampler):
+    """The normal state after every scenario: the front door sends to the router only, which reaches all
+    four prefill instances; no standby router, no temporary decode left behind."""
+    problems = []
+    last = sampler.samples[-1][1] if sampler.samples else {}
+    if last.get("active") != [FRONTDOOR_HOST] or len(last.get("healthy", [])) != 4:
+        problems.append("front door left in %s" % last)
+    for host, unit in ((FRONTDOOR_HOST, "pdctl-router-standby.service"),
+                       ("lab-prefill-0", "pdctl-vllm-decode-temporary.service")):
+        state = subprocess.run(["podman", "exec", host, "systemctl", "show", "-p", "LoadState", "--value", unit],
+                               capture_output=True, text=True).stdout.strip()
+        if state != "not-found":
+            problems.append("%s left on %s (%s)" % (unit, host, state))
+    return problems
 
 
 def flag_scenario(scenario, tmp, result):
@@ -270,8 +297,13 @@ def release_scenario(scenario, tmp, result, before):
     run again; the last run completes the rollback."""
     problems = []
     release = RELEASE_SCENARIOS[scenario]
+    target = {"pdctl_lab_engine_release": release, "vllm_version": "lab-" + RELEASES[release]}
     path = Path(tmp) / "release.yml"
-    path.write_text(yaml.safe_dump({"pdctl_lab_engine_release": release, "vllm_version": "lab-" + RELEASES[release]}))
+    # A release an earlier run rolled back is refused unless retried (upgrade_retry); the second run
+    # below asks without it, as an operator who did not change the manifest would.
+    path.write_text(yaml.safe_dump(dict(target, upgrade_retry=True)))
+    again_path = Path(tmp) / "release-again.yml"
+    again_path.write_text(yaml.safe_dump(target))
     took_killed = 0.0
     if scenario == "release-interrupted":
         for label, kill_at in KILL_POINTS:
@@ -293,11 +325,13 @@ def release_scenario(scenario, tmp, result, before):
         expect = before
         if up.rc == 0 or "Upgrade rolled back" not in up.stdout:
             problems.append("not rolled back (exit %d): %s" % (up.rc, " | ".join(up.tail)[:400]))
+        elif "the gates after the rollback passed" not in up.stdout:
+            problems.append("the gates failed after the rollback too")
         else:
             result["reason"] = re.findall(r"Upgrade rolled back: ([^\n\"]{0,200})", up.stdout)[:1]
     if after != expect:
         problems.append("instances run %s, expected %s" % (after, expect))
-    again = run_upgrade(path, "second run (same target)")
+    again = run_upgrade(again_path, "second run (same target)")
     result.update(second_run_s=round(again.took, 1), second_run_changed=sum(again.changed.values()),
                   second_run_exit=again.rc)
     if sum(again.changed.values()):

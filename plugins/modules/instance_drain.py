@@ -35,7 +35,7 @@ options:
     default: 0.5
   stopped_ok:
     description:
-      - An instance that refuses the connection (stopped) has nothing in flight: report it drained with
+      - An instance that refuses the connection (stopped) has nothing in flight; report it drained with
         I(stopped=true) instead of failing. A re-run of an interrupted upgrade meets instances it stopped.
       - Any other read failure (a timeout, a refused page) still fails.
     type: bool

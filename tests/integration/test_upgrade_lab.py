@@ -2,7 +2,15 @@
 a flag of lab-prefill-1's prefill instances changes; playbooks/upgrade.yml rolls exactly those two, one
 at a time behind the standby router, and no request fails; the front door never reaches fewer than 3 of
 the 4 prefill instances. --check first prints the steps and restarts nothing; a second run changes
-nothing. (benchmarks/upgrade.py --scenario flag rolls all four and prints the figures.)"""
+nothing. (benchmarks/upgrade.py --scenario flag rolls all four and prints the figures.)
+
+The release switch's record (/var/lib/pdctl/release-switch.json) is read before anything changes: a
+rollback with nothing to undo, a release that was rolled back, and a new target while a switch is in
+progress are refused, touching nothing. (The switch and its automatic rollback take minutes each:
+benchmarks/upgrade.py --scenario release / bad-sla / bad-accuracy / release-interrupted.)"""
+import json
+import subprocess
+
 import pytest
 import yaml
 
@@ -10,17 +18,12 @@ from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
-from test_serving import CA, FRONTDOOR, INSTANCES, client_key, on_host
+from test_serving import CA, FRONTDOOR, INSTANCES, client_key, main_pids, on_host
 from test_two_routers_lab import _frontdoor_servers
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 HOST = "lab-prefill-1"  # prefill-2 and prefill-3 change; prefill-0/1 on lab-prefill-0 must not restart
-
-
-def _main_pids():
-    return {name: on_host(host, "systemctl", "show", "-p", "MainPID", "--value", "pdctl-vllm-%s.service" % name).strip()
-            for host, names in INSTANCES.items() for name in names}
 
 
 def _changed(result):
@@ -47,18 +50,18 @@ def flag_change(converged_lab, tmp_path):
 
 
 def test_check_mode_prints_the_steps_and_restarts_nothing(flag_change):
-    before = _main_pids()
+    before = main_pids()
     result = runner.run_playbook("playbooks/upgrade.yml", flag_change, check=True, envvars=LAB_ENV)
     assert result.ok, result.failures
     out = " ".join(_stdout(result).split())
     assert "2 instance(s) to roll one at a time: prefill-2, prefill-3" in out
     assert "Instance restarts on its new unit: prefill-2" in out
-    assert _main_pids() == before
+    assert main_pids() == before
     assert _frontdoor_servers() == {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT"}
 
 
 def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(flag_change):
-    before = _main_pids()
+    before = main_pids()
     capacity = FrontdoorCapacity("lab-decode-0")
     capacity.start()
     with StreamLoad(FRONTDOOR, client_key(), clients=8, verify=CA) as load:
@@ -68,7 +71,7 @@ def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(f
     print("flag upgrade of %s: %s, prefill capacity min %s over %d samples"
           % (HOST, summary, capacity.minimum(), len(capacity.samples)))
     assert result.ok, result.failures
-    after = _main_pids()
+    after = main_pids()
     assert {n for n in before if before[n] != after[n]} == {"prefill-2", "prefill-3"}, (before, after)
     assert "--shutdown-timeout 240" in on_host(HOST, "systemctl", "show", "-p", "ExecStart", "--value",
                                                 "pdctl-vllm-prefill-2.service")
@@ -83,4 +86,69 @@ def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(f
     again = runner.run_playbook("playbooks/upgrade.yml", flag_change, envvars=LAB_ENV)
     assert again.ok, again.failures
     assert set(_changed(again).values()) <= {0}, _changed(again)
-    assert _main_pids() == after
+    assert main_pids() == after
+
+
+JOURNAL = "/var/lib/pdctl/release-switch.json"
+
+
+@pytest.fixture
+def switch_record(converged_lab):
+    """Writes a release-switch record on every serving host (None: none); the lab's own record (a
+    benchmark may have left one) comes back afterwards."""
+    saved = {host: subprocess.run(["podman", "exec", host, "cat", JOURNAL], capture_output=True, text=True).stdout
+             for host in INSTANCES}
+
+    def put(record):
+        for host in INSTANCES:
+            if record is None:
+                on_host(host, "rm", "-f", JOURNAL)
+            else:
+                subprocess.run(["podman", "exec", "-i", host, "sh", "-c", "cat > " + JOURNAL],
+                               input=json.dumps(record), text=True, check=True)
+    yield put
+    for host, text in saved.items():
+        if text:
+            subprocess.run(["podman", "exec", "-i", host, "sh", "-c", "cat > " + JOURNAL], input=text, text=True,
+                           check=True)
+        else:
+            on_host(host, "rm", "-f", JOURNAL)
+
+
+def _refused(result):
+    assert not result.ok
+    assert [f["task"] for f in result.failures] == [
+        "A rollback has a switch to undo, and a switch in progress is finished before another"], result.failures
+    assert set(_changed(result).values()) <= {0}, _changed(result)
+    return " ".join(result.failures[0]["msg"].split())
+
+
+def test_rollback_with_no_switch_recorded_is_refused(switch_record):
+    switch_record(None)
+    before = main_pids()
+    result = runner.run_playbook("playbooks/upgrade.yml", ROOT / "inventories/lab", envvars=LAB_ENV,
+                                 extra_args=["-e", "upgrade_rollback=true"])
+    assert "nothing to roll back: /var/lib/pdctl/release-switch.json records no release switch" in _refused(result)
+    assert main_pids() == before
+
+
+def test_a_release_that_was_rolled_back_is_refused_until_retried(switch_record):
+    switch_record({"from": "0.33.0", "to": "lab-0.2.1", "state": "rolled-back", "reason": "the gates failed: test",
+                   "since": "2026-12-01T00:00:00+00:00"})
+    target = ["-e", "vllm_version=lab-0.2.1", "-e", "pdctl_lab_engine_release=bad-sla"]
+    result = runner.run_playbook("playbooks/upgrade.yml", ROOT / "inventories/lab", envvars=LAB_ENV, extra_args=target,
+                                 check=True)
+    msg = _refused(result)
+    assert "lab-0.2.1 was rolled back (the gates failed: test); the hosts run 0.33.0" in msg
+    assert "-e upgrade_retry=true" in msg
+    # The manifest's own release is not the one rolled back: nothing to do, and nothing refused.
+    result = runner.run_playbook("playbooks/upgrade.yml", ROOT / "inventories/lab", envvars=LAB_ENV, check=True)
+    assert result.ok, result.failures
+
+
+def test_a_new_target_during_a_switch_is_refused_naming_both(switch_record):
+    switch_record({"from": "0.33.0", "to": "lab-0.2.0", "state": "switching", "reason": "",
+                   "since": "2026-12-01T00:00:00+00:00"})
+    result = runner.run_playbook("playbooks/upgrade.yml", ROOT / "inventories/lab", envvars=LAB_ENV, check=True)
+    msg = _refused(result)
+    assert "a switch from 0.33.0 to lab-0.2.0 is in progress" in msg and "`pdctl rollback`" in msg
