@@ -103,3 +103,43 @@ def test_a_failed_decode_or_router_host_is_never_quarantined(tmp_path, failing):
     assert res.returncode != 0
     assert "fatal: [lab-decode-0]" in out
     assert not (tmp_path / "plan-lab-decode-0.json").exists()
+
+
+def gates_verdict(tmp_path, passed, quarantined):
+    """gates.yml's verdict and its assert, local, on given gate results and a plan with `quarantined`."""
+    gates = yaml.safe_load((ROOT / "playbooks/gates.yml").read_text())[1]
+    tasks = [t for t in gates["tasks"] if t["name"] in ("The verdict", "Both gates passed")]
+    play = {"name": "Verdict", "hosts": "localhost", "gather_facts": False, "tasks": tasks,
+            "vars": dict(LOCAL, gates_reuse=False, gates_report_dir="artifacts/gates/R",
+                         gates_sla={"passed": passed}, gates_accuracy={"passed": True, "msg": "ok"},
+                         preflight_plan={"quarantined": quarantined})}
+    path = tmp_path / "verdict.yml"
+    path.write_text(yaml.safe_dump([play], sort_keys=False))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_STRATEGY="linear",
+               ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    res = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", str(path)], cwd=ROOT, capture_output=True,
+                         text=True, env=env)
+    return res.returncode, res.stdout + res.stderr
+
+
+QUARANTINED = [{"host": "lab-prefill-1", "instances": ["prefill-2", "prefill-3"],
+                "reason": "Host sees every GPU at the manifest driver version: GPU slot 5 missing"}]
+REDUCED = ("At reduced capacity, without the quarantined prefill hosts: lab-prefill-1 (prefill-2, prefill-3) - "
+           "Host sees every GPU at the manifest driver version: GPU slot 5 missing.")
+
+
+def test_the_gates_verdict_says_it_was_measured_at_reduced_capacity(tmp_path):
+    code, out = gates_verdict(tmp_path, True, QUARANTINED)
+    assert code == 0, out
+    assert "Rollout accepted: SLA and accuracy gates passed. Report: artifacts/gates/R " + REDUCED in out, out
+    code, out = gates_verdict(tmp_path, False, QUARANTINED)
+    assert code != 0, out
+    assert "Rollout rejected. SLA: failed. Accuracy: passed. Report: artifacts/gates/R " + REDUCED in out, out
+
+
+def test_the_gates_verdict_without_quarantine_is_unchanged(tmp_path):
+    code, out = gates_verdict(tmp_path, True, [])
+    assert code == 0 and '"msg": "Rollout accepted: SLA and accuracy gates passed. Report: artifacts/gates/R"' in out, out
+    code, out = gates_verdict(tmp_path, False, [])
+    assert code != 0 and '"msg": "Rollout rejected. SLA: failed. Accuracy: passed. Report: artifacts/gates/R"' in out, out
+    assert "reduced capacity" not in out
