@@ -119,4 +119,17 @@ CASES += [
          "frontdoor": {"hosts": {D0: None, P0: None}}}}},
       "host_vars/" + P0: {"pdctl_ports": dict(_PORTS, frontdoor=9443, frontdoor_metrics=8405)}},
      ["front-door hosts disagree on pdctl_ports.frontdoor", "8443 on " + D0, "9443 on " + P0]),
+    # pdctl_min_prefill_instances (quarantine of prefill hosts that fail their checks): 1..planned prefill.
+    ("min-prefill-not-an-integer",
+     {"group_vars/all": {"pdctl_min_prefill_instances": "two"}},
+     ["pdctl_min_prefill_instances must be an integer from 1 to the 4 planned prefill instances, found 'two'"]),
+    ("min-prefill-zero",
+     {"group_vars/all": {"pdctl_min_prefill_instances": 0}},
+     ["pdctl_min_prefill_instances is 0: it must be from 1 to the 4 planned prefill instances"]),
+    ("min-prefill-above-plan",
+     {"group_vars/all": {"pdctl_min_prefill_instances": 5}},
+     ["pdctl_min_prefill_instances is 5: it must be from 1 to the 4 planned prefill instances"]),
+    ("min-prefill-hosts-disagree",
+     {"group_vars/all": {"pdctl_min_prefill_instances": 3}, "host_vars/" + P1: {"pdctl_min_prefill_instances": 2}},
+     ["hosts disagree on pdctl_min_prefill_instances", "2 on " + P1, "3 on " + D0 + ", " + P0]),
 ]

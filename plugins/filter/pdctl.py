@@ -26,6 +26,15 @@ def plan(hostvars, groups):
         return {"plan": None, "errors": exc.problems}
 
 
+def quarantine_plan(plan, failures, groups):
+    """{'plan': {...}, 'errors': []}: the plan without the prefill hosts that failed their checks
+    (topology.quarantine); errors name each failed host and its failure when that is not allowed."""
+    try:
+        return {"plan": topology.quarantine(plan, failures, groups), "errors": []}
+    except topology.QuarantineError as exc:
+        return {"plan": None, "errors": exc.problems}
+
+
 def firewall_rules(plan, hostvars, settings):
     """{host: [rule, ...]}: the inbound flows each host accepts (firewall.rules). settings holds the
     inputs of firewall.rules but the addresses, which come from each covered host's variables."""
@@ -74,6 +83,7 @@ class FilterModule:
     def filters(self):
         return {
             "plan": plan,
+            "quarantine_plan": quarantine_plan,
             "firewall_rules": firewall_rules,
             "address_in_networks": address_in_networks,
             "mount_of": mount_of,

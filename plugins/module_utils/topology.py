@@ -18,6 +18,8 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
   pdctl_advertise_address  routable address (defaults to ansible_host, then the host name)
   pdctl_hw_profile         expected hardware, overrides of the HGX B300 default (docs/hardware-profile.md):
                            each instance's KV NICs and CPUs follow its GPUs (place_on_hardware)
+  pdctl_min_prefill_instances  optional, 1..planned prefill instances: a prefill host that fails its
+                           host-stack checks is quarantined (quarantine()) while at least this many remain
 Hosts in the `router` group (one or more) run the P/D router on pdctl_ports.router / router_metrics.
 Hosts in the `frontdoor` group (default: the router hosts) run the front door (HAProxy) on
 pdctl_ports.frontdoor / frontdoor_metrics and balance across every router.
@@ -41,7 +43,8 @@ FRONTDOOR_PORT_KEYS = ("frontdoor", "frontdoor_metrics")
 STANDBY_PORT_KEYS = ("router_standby", "router_standby_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
-             "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile")
+             "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile",
+             "pdctl_min_prefill_instances")
 ROUTER_GROUP = "router"
 FRONTDOOR_GROUP = "frontdoor"
 # The router listens here when the front door is on its own host and nowhere else.
@@ -434,6 +437,7 @@ def build_plan(hosts):
                 problems.append("no %s set (pdctl_%s)" % (label, "model_path" if key == "model_path" else "versions.vllm"))
 
     place_on_hardware(instances, hosts, problems)
+    min_prefill = _min_prefill_instances(hosts, len(by_pool["prefill"]), problems)
 
     if not routers:
         problems.append("the %s group must hold at least one host, found none" % ROUTER_GROUP)
@@ -450,7 +454,107 @@ def build_plan(hosts):
         "model_path": instances[0]["model_path"],
         "vllm_version": instances[0]["vllm_version"],
         "hosts": sorted({i["host"] for i in instances} | set(routers) | set(frontdoors), key=_natural_key),
+        # Unset (None): any host that fails its checks fails the run. Set: see quarantine().
+        "min_prefill_instances": min_prefill,
+        "quarantined": [],
     }
+
+
+MIN_PREFILL_VAR = "pdctl_min_prefill_instances"
+
+
+def _min_prefill_instances(hosts, planned, problems):
+    """pdctl_min_prefill_instances as an int in 1..planned, or None when no host sets it."""
+    values = {}
+    for host in sorted(hosts, key=_natural_key):
+        hostvars = hosts[host].get("vars") or {}
+        if hostvars.get(MIN_PREFILL_VAR) is not None:
+            values.setdefault(repr(hostvars[MIN_PREFILL_VAR]), (hostvars[MIN_PREFILL_VAR], []))[1].append(host)
+    if not values or not planned:  # no prefill instance at all is reported on its own
+        return None
+    if len(values) > 1:
+        # One deployment, one floor: hosts that disagree would each judge the quarantine differently.
+        problems.append("hosts disagree on %s: %s (set it once, in group_vars/all or with -e)" % (
+            MIN_PREFILL_VAR, "; ".join("%s on %s" % (value, ", ".join(where)) for value, where in values.values())))
+        return None
+    raw = next(iter(values.values()))[0]
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw)  # -e pdctl_min_prefill_instances=2 arrives as a string
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        problems.append("%s must be an integer from 1 to the %d planned prefill instances, found %r"
+                        % (MIN_PREFILL_VAR, planned, raw))
+        return None
+    if not 1 <= raw <= planned:
+        problems.append("%s is %d: it must be from 1 to the %d planned prefill instances (the rollout goes on "
+                        "only while at least that many serve)" % (MIN_PREFILL_VAR, raw, planned))
+        return None
+    return raw
+
+
+class QuarantineError(Exception):
+    """A quarantine the plan does not allow; problems name each host and the check it failed."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def quarantine(plan, failures, groups):
+    """The plan without the instances of prefill hosts that failed their host checks.
+
+    failures: [{"host", "task", "msg"}], one per failed check (as the host-stack play records them).
+    groups:   the inventory's groups, {group: [host, ...]} (Ansible's `groups`).
+    Returns a copy of the plan whose instances and routers' prefill_urls leave those hosts out, with
+    plan["quarantined"] = [{"host", "instances", "units", "failures": [{"task", "msg"}], "reason"}]. Raises
+    QuarantineError, naming every failed host and its failure, when pdctl_min_prefill_instances is
+    unset, a failed host is not a prefill-only host (decode, router and front-door hosts never are), or
+    fewer than the minimum prefill instances would remain.
+    """
+    by_host = {}
+    for failure in failures or []:
+        by_host.setdefault(str(failure["host"]), []).append(
+            {"task": str(failure.get("task") or "?"), "msg": _flat(failure.get("msg"))})
+    if not by_host:
+        return plan
+    hosts = sorted(by_host, key=_natural_key)
+    named = ["%s (%s)" % (host, "; ".join("%s: %s" % (f["task"], f["msg"]) for f in by_host[host]))
+             for host in hosts]
+    minimum = plan.get("min_prefill_instances")
+    if minimum is None:
+        raise QuarantineError(["%s is not set, so no host is quarantined: %s" % (MIN_PREFILL_VAR, h) for h in named])
+    problems = []
+    for host, line in zip(hosts, named):
+        mine = {group for group, members in (groups or {}).items() if host in (members or [])}
+        other = sorted(mine & {"decode", ROUTER_GROUP, FRONTDOOR_GROUP})
+        if "prefill" not in mine or other:
+            problems.append("%s cannot be quarantined: only a prefill host can (it is in %s)"
+                            % (line, ", ".join(other) or "no prefill group"))
+    prefill = [i for i in plan["instances"] if i["pool"] == "prefill"]
+    remaining = [i for i in prefill if i["host"] not in by_host]
+    if len(remaining) < minimum:
+        problems.append("%d of %d prefill instances would remain, fewer than %s=%d; failed: %s"
+                        % (len(remaining), len(prefill), MIN_PREFILL_VAR, minimum, "; ".join(named)))
+    if problems:
+        raise QuarantineError(problems)
+    out = dict(plan)
+    out["instances"] = [i for i in plan["instances"] if i["host"] not in by_host]
+    gone = {i["url"] for i in plan["instances"] if i["host"] in by_host}
+    out["routers"] = [dict(r, prefill_urls=[u for u in r["prefill_urls"] if u not in gone]) for r in plan["routers"]]
+    out["router"] = out["routers"][0]
+    out["quarantined"] = list(plan.get("quarantined") or []) + [
+        {"host": host,
+         "instances": [i["name"] for i in prefill if i["host"] == host],
+         "units": [i["unit"] for i in prefill if i["host"] == host],
+         "failures": by_host[host],
+         "reason": "; ".join("%s: %s" % (f["task"], f["msg"]) for f in by_host[host])} for host in hosts]
+    return out
+
+
+def _flat(msg):
+    """A check's message on one line (assert messages may be lists or folded text)."""
+    if isinstance(msg, (list, tuple)):
+        msg = " ".join(str(m) for m in msg)
+    return " ".join(str(msg if msg is not None else "failed").split())
 
 
 def _standby_ports(hostvars, host, problems):
@@ -555,6 +659,11 @@ def format_table(plan):
     lines.append("  prefill upstreams: %s" % " ".join(r["prefill_urls"]))
     lines.append("  decode upstreams:  %s" % " ".join(r["decode_urls"]))
     lines.append("model: %s   vLLM: %s" % (plan["model_path"], plan["vllm_version"]))
+    if plan.get("min_prefill_instances"):
+        lines.append("a prefill host that fails its checks is quarantined while >= %d prefill instances remain "
+                     "(%s)" % (plan["min_prefill_instances"], MIN_PREFILL_VAR))
+    for q in plan.get("quarantined") or []:
+        lines.append("quarantined: %s (%s): %s" % (q["host"], ", ".join(q["instances"]), q["reason"]))
     return "\n".join(lines)
 
 

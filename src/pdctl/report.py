@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from pdctl import collection
@@ -36,6 +37,8 @@ def main(args) -> int:
         print("\n== lab hosts")
         hosts.status()
     artifacts = Path(args.artifacts)
+    for line in _quarantine_lines(artifacts / "quarantine" / "last.json"):
+        print(line)
     gates = _latest_gate_reports(artifacts)
     print("\n== rollout gates")
     if not gates:
@@ -48,6 +51,32 @@ def main(args) -> int:
         for line in _gate_lines(kind, data):
             print("  " + line)
     return verdict
+
+
+def _quarantine_lines(path: Path):
+    """The last host-stack check's quarantine verdict (host_stack.yml writes it), if any."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    age = time.time() - float(data.get("time") or 0)
+    minimum = data.get("min_prefill_instances")
+    yield "\n== quarantine (host-stack checks %s ago; pdctl_min_prefill_instances %s)" % (
+        _age(age), minimum if minimum is not None else "unset: a failed host fails the run")
+    quarantined = data.get("quarantined") or []
+    if not quarantined:
+        yield "no host quarantined"
+    for q in quarantined:
+        yield "QUARANTINED %s (%s): out of every router, instances stopped" % (
+            q.get("host"), ", ".join(q.get("instances") or []))
+        yield "  " + str(q.get("reason"))
+
+
+def _age(seconds):
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return "%d s" % seconds
+    return "%d min" % (seconds // 60) if seconds < 7200 else "%d h" % (seconds // 3600)
 
 
 def _gate_lines(kind, data):

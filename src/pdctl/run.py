@@ -114,7 +114,10 @@ def summary(result: runner.PlaybookResult, playbook: str, inventory_path: str, c
                         4: "unreachable"}[code],
             "wall_s": round(wall_s, 1), "hosts": hosts,
             "failed_tasks": [{k: f.get(k) for k in ("host", "play", "task", "msg")} for f in result.failures],
-            "gates": gates, "failed_gates": failed_gates(result), "artifact_dir": str(result.artifact_dir)}
+            "gates": gates, "failed_gates": failed_gates(result),
+            # Prefill hosts that failed their checks and were left out (pdctl_min_prefill_instances): their
+            # failed check is also in failed_tasks, though the run was accepted.
+            "quarantined": list(result.quarantine), "artifact_dir": str(result.artifact_dir)}
 
 
 def junit(result: runner.PlaybookResult, playbook: str) -> ET.ElementTree:
@@ -159,7 +162,7 @@ def _cmd_run(args) -> int:
             print("  - %s" % problem, file=sys.stderr)
         doc = {"playbook": args.playbook, "inventory": str(args.inventory), "exit_code": EXIT_INVALID,
                "outcome": "inventory rejected", "problems": problems, "hosts": {}, "failed_tasks": [],
-               "gates": {}, "failed_gates": [], "artifact_dir": None}
+               "gates": {}, "failed_gates": [], "quarantined": [], "artifact_dir": None}
         _write(args, doc, _rejected_junit(args.playbook, problems))
         return EXIT_INVALID
     extra = ["-e", "upgrade_rollback=true"] if getattr(args, "rollback", False) else []
@@ -180,6 +183,8 @@ def _cmd_run(args) -> int:
                                                                   doc["wall_s"], result.artifact_dir), file=sys.stderr)
     for f in doc["failed_tasks"]:
         print("  %s | %s | %s: %s" % (f["host"], f["play"], f["task"], f["msg"]), file=sys.stderr)
+    for line in doc["quarantined"]:
+        print("  %s" % line, file=sys.stderr)
     return code
 
 

@@ -10,6 +10,8 @@ from pdctl import collection
 
 
 GATE_ACTIONS = {"pdctl.vllm_pd.sla_gate": "sla", "pdctl.vllm_pd.accuracy_gate": "accuracy"}
+# host_stack.yml's report of the prefill hosts it quarantined (pdctl_min_prefill_instances).
+QUARANTINE_REPORT_TASK = "Report the quarantined hosts"
 
 
 @dataclass
@@ -23,6 +25,8 @@ class PlaybookResult:
     outcomes: list = field(default_factory=list)
     # {"sla" | "accuracy": the gate module's result (passed, failures, runs/benchmarks, files)}
     gates: dict = field(default_factory=dict)
+    # The quarantine report's lines (a headline, then "<host>: <check>: <message>"); [] when none.
+    quarantine: list = field(default_factory=list)
 
     def total(self, key: str) -> int:
         return sum((self.stats.get(key) or {}).values())
@@ -47,6 +51,7 @@ class _Recorder:
         self.failures = []
         self.outcomes = {}  # (play, host) -> counts
         self.gates = {}
+        self.quarantine = []
         self.play = None
         self.progress = progress
 
@@ -78,6 +83,9 @@ class _Recorder:
                            "msg": res.get("msg"), "unreachable": kind == "runner_on_unreachable"}
                 out["failure"] = out["failure"] or failure
                 self.failures.append(failure)
+            if kind == "runner_on_ok" and data.get("task") == QUARANTINE_REPORT_TASK:
+                msg = res.get("msg")
+                self.quarantine = [str(m) for m in msg] if isinstance(msg, list) else [str(msg)]
             gate = GATE_ACTIONS.get(data.get("resolved_action") or data.get("task_action"))
             if gate and kind in ("runner_on_ok", "runner_on_failed"):
                 self.gates[gate] = {k: v for k, v in res.items() if not k.startswith("_") and k != "invocation"}
@@ -129,4 +137,4 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
     )
     return PlaybookResult(rc=r.rc, status=r.status, stats=r.stats or {}, artifact_dir=Path(r.config.artifact_dir),
                           failures=recorder.failures, outcomes=list(recorder.outcomes.values()),
-                          gates=recorder.gates)
+                          gates=recorder.gates, quarantine=recorder.quarantine)
