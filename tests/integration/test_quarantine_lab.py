@@ -53,9 +53,9 @@ def with_minimum(minimum):
 
 
 def router_prefills():
-    """The prefill upstreams of the running router (its process's argv)."""
-    pid = on_host(ROUTER, "systemctl", "show", "-p", "MainPID", "--value", "pdctl-router.service").strip()
-    argv = on_host(ROUTER, "cat", "/proc/%s/cmdline" % pid).split("\0")
+    """The prefill upstreams of the router's unit (vllm-router renames its process, so its cmdline is no
+    use; the unit restarts whenever its argv changes)."""
+    argv = on_host(ROUTER, "systemctl", "show", "-p", "ExecStart", "--value", "pdctl-router.service").split()
     return [argv[i + 1] for i, word in enumerate(argv) if word == "--prefill"]
 
 
