@@ -1,6 +1,7 @@
 """Run playbooks through ansible-runner (as CI does) and summarise the per-host outcome."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -34,6 +35,17 @@ class PlaybookResult:
     @property
     def ok(self) -> bool:
         return self.rc == 0
+
+    def task_results(self, task: str) -> dict:
+        """{host: that host's final result of the task named `task` (ok or failed)}, from the run's events
+        (a loop task's per-item results are under "results")."""
+        out = {}
+        for path in sorted((self.artifact_dir / "job_events").glob("*.json")):
+            event = json.loads(path.read_text())
+            data = event.get("event_data") or {}
+            if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("task") == task:
+                out[data["host"]] = data.get("res") or {}
+        return out
 
     def recap(self) -> str:
         hosts = sorted(set().union(*[set(v or {}) for v in self.stats.values()])) if self.stats else []

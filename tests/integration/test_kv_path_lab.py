@@ -1,6 +1,5 @@
 """kv_path_check across lab hosts: real NIXL DRAM READs by the decode host from every prefill instance's
 GPUs (one per socket) over the lab network, as decode pulls KV from prefill (issue 13 item 3)."""
-import json
 
 import pytest
 
@@ -22,23 +21,12 @@ PATHS = {
 }
 
 
-def module_results(result, task):
-    """{host: the task's final result} (a loop task's per-item results are under "results")."""
-    out = {}
-    for path in (result.artifact_dir / "job_events").glob("*.json"):
-        event = json.loads(path.read_text())
-        data = event.get("event_data") or {}
-        if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("task") == task:
-            out[data["host"]] = data["res"]
-    return out
-
-
 def test_decode_reads_from_every_prefill_instance_on_each_socket_and_names_the_transport(converged_lab, lab):
     # Measured even though the converge just accepted the same host stack (that verdict would be reused).
     result = runner.run_playbook("playbooks/verify_kv_path.yml", lab, envvars=LAB_ENV,
                                  extravars={"pdctl_kv_path_force": True})
     assert result.ok, result.failures
-    res = module_results(result, READ_TASK)
+    res = result.task_results(READ_TASK)
     assert set(res) == {"lab-decode-0"}, set(res)  # decode is the initiator: it pulls
     reads = {r["label"]: r for r in res["lab-decode-0"]["results"]}
     assert set(reads) == set(PATHS)
@@ -52,7 +40,7 @@ def test_decode_reads_from_every_prefill_instance_on_each_socket_and_names_the_t
         assert r["transports"] and all(x.startswith("tcp/") for x in r["transports"]), (label, r["transports"])
         print("%s: %.3f GB/s via %s" % (label, r["bandwidth_gbps"], ", ".join(r["transports"])))
     # Each prefill host served one listener per instance (a GPU on each socket), each saw its READs complete.
-    done = module_results(result, LISTEN_DONE_TASK)
+    done = result.task_results(LISTEN_DONE_TASK)
     assert set(done) == {"lab-prefill-0", "lab-prefill-1"}
     for host, r in done.items():
         items = r["results"]
@@ -63,14 +51,14 @@ def test_decode_reads_from_every_prefill_instance_on_each_socket_and_names_the_t
 def test_an_unchanged_host_stack_reports_the_last_verdict_and_a_changed_one_measures(converged_lab, lab):
     again = runner.run_playbook("playbooks/verify_kv_path.yml", lab, envvars=LAB_ENV)
     assert again.ok, again.failures
-    assert not module_results(again, READ_TASK), "measured again on an unchanged host stack"
-    (reused,) = module_results(again, "Report the last accepted verdict (nothing the KV path depends on changed)").values()
+    assert not again.task_results(READ_TASK), "measured again on an unchanged host stack"
+    (reused,) = again.task_results("Report the last accepted verdict (nothing the KV path depends on changed)").values()
     assert "4 paths passed" in reused["msg"], reused["msg"]
     # A changed input (here the UCX environment, as an operator's edit would) measures again.
     changed = runner.run_playbook("playbooks/verify_kv_path.yml", lab, envvars=LAB_ENV,
                                   extravars={"pdctl_ucx_environment": {"UCX_LOG_LEVEL": "warn"}})
     assert changed.ok, changed.failures
-    assert set(module_results(changed, READ_TASK)) == {"lab-decode-0"}
+    assert set(changed.task_results(READ_TASK)) == {"lab-decode-0"}
 
 
 def test_expecting_rdma_fails_each_tcp_path_naming_instance_gpu_nic_and_transport(converged_lab, tmp_path):
@@ -80,7 +68,7 @@ def test_expecting_rdma_fails_each_tcp_path_naming_instance_gpu_nic_and_transpor
     result = runner.run_playbook("playbooks/verify_kv_path.yml", inv, envvars=LAB_ENV)
     assert not result.ok
     assert {f["host"] for f in result.failures} == {"lab-decode-0"}, result.failures
-    res = module_results(result, READ_TASK)["lab-decode-0"]
+    res = result.task_results(READ_TASK)["lab-decode-0"]
     msgs = {i["label"]: i["msg"] for i in res["results"]}
     assert set(msgs) == set(PATHS)
     for label, msg in msgs.items():

@@ -59,17 +59,6 @@ def router_prefills():
     return [argv[i + 1] for i, word in enumerate(argv) if word == "--prefill"]
 
 
-def task_messages(result, task):
-    """The msg of each host's result of a task (ok or failed), from the run's events."""
-    out = {}
-    for path in (result.artifact_dir / "job_events").glob("*.json"):
-        event = json.loads(path.read_text())
-        data = event.get("event_data") or {}
-        if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("task") == task:
-            out[data["host"]] = str((data.get("res") or {}).get("msg"))
-    return out
-
-
 def unit_states(host):
     out = {}
     for name in INSTANCES[host]:
@@ -118,7 +107,7 @@ def test_prefill_host_with_a_missing_gpu_is_quarantined_while_the_minimum_holds(
     # The gates measured the reduced deployment (the router changed) and passed.
     assert set(result.gates) == {"sla", "accuracy"}, "the gates reused a verdict of the whole deployment"
     assert all(g.get("passed") for g in result.gates.values()), result.gates
-    (accepted,) = task_messages(result, GATES_VERDICT_TASK).values()
+    (accepted,) = [str(r.get("msg")) for r in result.task_results(GATES_VERDICT_TASK).values()]
     assert "Rollout accepted: SLA and accuracy gates passed" in accepted, accepted
     assert "At reduced capacity, without the quarantined prefill hosts: %s (prefill-2, prefill-3)" % FAULTY in accepted, \
         accepted

@@ -106,3 +106,15 @@ def test_rollback_runs_the_upgrade_playbook_asking_for_the_rollback(tmp_path, mo
     assert seen["extra"][:2] == ["-e", "upgrade_rollback=true"]
     rc = cli.main(["upgrade", "-i", str(inv), "--json", str(tmp_path / "s.json"), "--artifacts", str(tmp_path / "a")])
     assert rc == 0 and "upgrade_rollback=true" not in seen["extra"]
+
+
+def test_task_results_read_each_hosts_result_of_a_task_from_the_events(tmp_path):
+    events = tmp_path / "job_events"
+    events.mkdir()
+    for i, (kind, host, task) in enumerate([("runner_on_ok", P0, "T"), ("runner_on_failed", D0, "T"),
+                                            ("runner_on_skipped", "lab-prefill-1", "T"), ("runner_on_ok", P0, "U")]):
+        (events / ("%d.json" % i)).write_text(json.dumps(
+            {"event": kind, "event_data": {"task": task, "host": host, "res": {"msg": "%s on %s" % (task, host)}}}))
+    res = runner.PlaybookResult(rc=2, status="failed", stats={}, artifact_dir=tmp_path)
+    assert res.task_results("T") == {P0: {"msg": "T on %s" % P0}, D0: {"msg": "T on %s" % D0}}
+    assert res.task_results("nothing") == {}
