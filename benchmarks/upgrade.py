@@ -28,6 +28,16 @@ Scenarios:
            bad-sla, with the playbook killed four times (KILL_POINTS: during staging, during the switch,
            late in the switch, during the rollback), each time run again; the last run completes the
            rollback.
+  driver   host maintenance (playbooks/maintenance.yml): the manifest's driver release (driver, fabric
+           manager, nscq) changed to the lab's rehearsal release (pdctl_lab_driver_rehearsal_versions) on
+           the three hosts, one at a time (the prefill hosts reboot, the decode host, which also runs the
+           router and the front door, reloads its module); then a second run (nothing to do), then back to
+           the manifest's release. hosts_s is each host's turn (artifacts/maintenance/last.json).
+  driver-link-down
+           driver, with lab-prefill-1's emulated GPUs coming back from the new release with an NVLink down
+           (faults_by_driver in its hardware profile): lab-prefill-0 upgrades, lab-prefill-1 fails its
+           checks and stays out of service, the run stops there naming it, lab-decode-0 is not touched;
+           then back to the manifest's release everywhere.
 
 The lab must be up and converged (`scripts/lab`). Prints progress on stderr, the JSON line on stdout.
 """
@@ -62,7 +72,11 @@ TEMPORARY_DECODE_METRICS = "http://10.89.64.11:8101/metrics"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy",
                      "release-interrupted": "bad-sla"}
-SCENARIOS = ["flag", "flag-interrupted"] + sorted(RELEASE_SCENARIOS)
+DRIVER_SCENARIOS = ["driver", "driver-link-down"]
+SCENARIOS = ["flag", "flag-interrupted"] + sorted(RELEASE_SCENARIOS) + DRIVER_SCENARIOS
+# The host whose GPUs come back from the new driver with a link down (driver-link-down).
+LINK_DOWN_HOST = "lab-prefill-1"
+LAB_HOSTS = ["lab-prefill-0", "lab-prefill-1", "lab-decode-0"]
 # release-interrupted: where the three kills land (a line of the playbook's output, then seconds).
 KILL_POINTS = [
     # (a task every run prints: with display_skipped_hosts false a skipped task prints no line)
@@ -117,12 +131,12 @@ def client_key():
     return {c["name"]: c["key"] for c in clients}["tester"]
 
 
-def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=()):
+def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=(), playbook="playbooks/upgrade.yml"):
     """ansible-playbook playbooks/upgrade.yml on the lab; a Run (rc, seconds, hosts with changes, tail,
     rollback_s). Killed like an operator's kill -9 (SIGKILL to the playbook's whole process group):
     kill_after seconds in, or kill_at = ([regex, ...], seconds): that many seconds after lines matching
     each regex in turn have been printed."""
-    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/upgrade.yml", "-i", str(INVENTORY)]
+    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), playbook, "-i", str(INVENTORY)]
     if extra_vars:
         cmd += ["-e", "@" + str(extra_vars)]
     cmd += list(playbook_args)
@@ -210,7 +224,9 @@ def main():
     result = {"scenario": args.scenario, "requests": 0, "failed_requests": 0, "cross_release_pairs": 0,
               "min_prefill_capacity": None, "prefill_total": 4, "upgrade_s": None, "rollback_s": None,
               "verdict": None}
-    pre = run_upgrade(None, "precondition: the lab runs what the inventory says (no load yet)")
+    driver = args.scenario in DRIVER_SCENARIOS
+    pre = run_upgrade(None, "precondition: the lab runs what the inventory says (no load yet)",
+                      playbook=MAINTENANCE if driver else "playbooks/upgrade.yml")
     if pre.rc:
         sys.exit("the lab does not converge to its inventory: %s" % " | ".join(pre.tail))
     before = instance_releases()
@@ -225,6 +241,8 @@ def main():
         time.sleep(3)
         if args.scenario in ("flag", "flag-interrupted"):
             problems += flag_scenario(args.scenario, tmp, result)
+        elif driver:
+            problems += driver_scenario(args.scenario, tmp, result)
         else:
             problems += release_scenario(args.scenario, tmp, result, before)
         time.sleep(3)
@@ -241,7 +259,8 @@ def main():
     problems += end_state_problems(sampler)
     # A compatible change keeps N-1 of N prefill instances serving; a release switch serves throughout,
     # from the new release's first pair (one prefill instance) while the old pool drains.
-    floor = result["prefill_total"] - 1 if args.scenario.startswith("flag") else 1
+    # A host's maintenance takes its two prefill instances out (the decode host's, one: the lender).
+    floor = result["prefill_total"] - 1 if args.scenario.startswith("flag") else 2 if driver else 1
     if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < floor:
         problems.append("prefill capacity fell to %s of %d (floor %d)" % (result["min_prefill_capacity"],
                                                                          result["prefill_total"], floor))
@@ -344,6 +363,99 @@ def release_scenario(scenario, tmp, result, before):
     result["restore_s"] = round(back.took, 1)
     if back.rc:
         problems.append("restore exit %d: %s" % (back.rc, " | ".join(back.tail)[:400]))
+    return problems
+
+
+MAINTENANCE = "playbooks/maintenance.yml"
+REPORT = ROOT / "artifacts" / "maintenance" / "last.json"
+
+
+def driver_vars(tmp, version, link_down_host=None):
+    """The manifest with its driver release (driver, fabric manager, nscq) at `version`; with
+    link_down_host, that host's emulated GPUs report NVLink 7 of GPU 2 down under that release."""
+    versions = dict(yaml.safe_load((ROOT / "inventories/b300/group_vars/all/versions.yml").read_text())["pdctl_versions"])
+    versions.update(nvidia_driver=version, nvidia_fabricmanager=version, libnvidia_nscq=version)
+    doc = {"pdctl_versions": versions}
+    if link_down_host:
+        fault = {version: {"links_down": [{"gpu": 2, "link": 7}]}}
+        doc["pdctl_lab_hw_profile"] = "{{ {'faults': {}, 'faults_by_driver': %r if inventory_hostname == %r else {}} }}" % (
+            fault, link_down_host)
+    path = Path(tmp) / ("driver-%s%s.yml" % (version, "-link-down" if link_down_host else ""))
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def host_drivers():
+    """{host: (loaded module, nvidia-smi's driver, fabric states, the driver release's package versions)}."""
+    out = {}
+    for host in LAB_HOSTS:
+        def sh(cmd):
+            return subprocess.run(["podman", "exec", host, "sh", "-c", cmd], capture_output=True, text=True).stdout.strip()
+        out[host] = {
+            "module": sh("cat /run/pdctl-lab/sys/module/nvidia/version"),
+            "smi": sorted(set(sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader").split())),
+            "fabric": sorted(set(sh("nvidia-smi --query-gpu=fabric.state --format=csv,noheader").splitlines())),
+            "packages": dict(line.split() for line in sh(
+                "dpkg-query -W -f '${Package} ${Version}\\n' nvidia-kernel-open-dkms nvidia-smi nvidia-fabricmanager "
+                "libnvidia-nscq").splitlines() if line.strip()),
+        }
+    return out
+
+
+def _on(drivers, host, version):
+    d = drivers[host]
+    return (d["module"] == version and d["smi"] == [version] and d["fabric"] == ["Completed"]
+            and set(d["packages"].values()) == {version + "-1"})
+
+
+def driver_scenario(scenario, tmp, result):
+    """driver: A -> B host by host, a second run, back to A. driver-link-down: A -> B where lab-prefill-1
+    comes back with a link down: the run stops there naming it; then back to A."""
+    problems = []
+    manifest = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/versions.yml").read_text())["pdctl_versions"]
+    old = manifest["nvidia_driver"]
+    new = yaml.safe_load((INVENTORY / "group_vars/all/lab_hardware.yml").read_text())["pdctl_lab_driver_rehearsal_versions"][0]
+    result.update(driver_from=old, driver_to=new)
+    link_down = scenario == "driver-link-down"
+    up = run_upgrade(driver_vars(tmp, new, LINK_DOWN_HOST if link_down else None), "maintenance (driver %s)" % new,
+                     playbook=MAINTENANCE)
+    result["upgrade_s"] = round(up.took, 1)
+    report = json.loads(REPORT.read_text())
+    result["hosts_s"] = {h: t["seconds"] for h, t in report["turns"].items()}
+    result["activation"] = {h: t["activation"] for h, t in report["turns"].items()}
+    drivers = host_drivers()
+    result["drivers_after"] = {h: d["module"] for h, d in drivers.items()}
+    if not link_down:
+        if up.rc:
+            problems.append("maintenance exit %d: %s" % (up.rc, " | ".join(up.tail)[:400]))
+        for host in LAB_HOSTS:
+            if not _on(drivers, host, new):
+                problems.append("%s is not on %s with driver == fabric manager == nscq, fabric Completed: %s"
+                                % (host, new, drivers[host]))
+        again = run_upgrade(driver_vars(tmp, new), "second run (same manifest)", playbook=MAINTENANCE)
+        result.update(second_run_s=round(again.took, 1), second_run_changed=sum(again.changed.values()),
+                      second_run_exit=again.rc)
+        if again.rc or sum(again.changed.values()):
+            problems.append("the second run exit %d changed %s" % (again.rc, again.changed))
+    else:
+        failed = {h: t["failure"] for h, t in report["turns"].items() if not t["passed"]}
+        result["failed_host"] = sorted(failed)
+        result["reason"] = " ".join(str(f.get("reason", "")) for f in failed.values())[:200]
+        if up.rc == 0 or set(failed) != {LINK_DOWN_HOST} or ("%s is out of service" % LINK_DOWN_HOST) not in up.stdout:
+            problems.append("the run did not stop at %s (exit %d, failed %s): %s"
+                            % (LINK_DOWN_HOST, up.rc, sorted(failed), " | ".join(up.tail)[:400]))
+        if not _on(drivers, "lab-prefill-0", new) or drivers["lab-decode-0"]["module"] != old:
+            problems.append("expected lab-prefill-0 on %s and lab-decode-0 untouched on %s: %s" % (new, old, drivers))
+        healthy = FrontdoorCapacity(FRONTDOOR_HOST).sample().get("healthy", [])
+        result["prefill_serving_after_stop"] = len(healthy)
+        if len(healthy) != 2:
+            problems.append("after the stop %d prefill instances serve, expected the other host's 2" % len(healthy))
+    back = run_upgrade(None, "back to the manifest's driver %s" % old, playbook=MAINTENANCE)
+    result["restore_s"] = round(back.took, 1)
+    result["restore_hosts_s"] = {h: t["seconds"] for h, t in json.loads(REPORT.read_text())["turns"].items()}
+    drivers = host_drivers()
+    if back.rc or not all(_on(drivers, h, old) for h in LAB_HOSTS):
+        problems.append("restore exit %d, hosts %s" % (back.rc, drivers))
     return problems
 
 

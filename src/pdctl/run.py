@@ -45,6 +45,10 @@ def add_parser(sub):
                        "-e upgrade_rollback=true): the same two-pool switch, then the gates")
     _common_args(r)
     r.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml", rollback=True)
+    m = sub.add_parser("maintain", help="host maintenance (playbooks/maintenance.yml): the driver release of the "
+                       "manifest, one host at a time (--limit HOST for one), out of service and back, no request lost")
+    _common_args(m)
+    m.set_defaults(func=_cmd_run, playbook="playbooks/maintenance.yml")
 
 
 def _common_args(p):

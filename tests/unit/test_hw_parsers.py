@@ -117,3 +117,32 @@ def test_profile_validation():
     with pytest.raises(hwprofile.ProfileError, match="gpu.count"):
         hwprofile.resolve({"gpu": {"count": "eight"}})
     assert hwprofile.resolve({"gpu": {"count": 1, "bus_ids": []}})["gpu"]["count"] == 1
+
+
+# -- the driver's kernel module and user space (the emulator as the nvidia-smi stand-in package installs it) --
+
+def test_installed_emulator_reports_the_loaded_module_version(tmp_path):
+    module = tmp_path / "version"
+    module.write_text("580.95.05\n")
+    rc, out = fake.run(["--query-gpu=driver_version", "--format=csv,noheader"], profile(), library="580.95.05",
+                       module_file=str(module))
+    assert rc == 0 and set(out.split()) == {"580.95.05"}
+
+
+def test_installed_emulator_refuses_a_module_of_another_release_as_nvml_does(tmp_path):
+    module = tmp_path / "version"
+    module.write_text("580.95.05\n")  # the upgrade installed 580.105.08; the old module stays until a reboot
+    rc, out = fake.run([], profile(), library="580.105.08", module_file=str(module))
+    assert rc == 18
+    assert out.startswith("Failed to initialize NVML: Driver/library version mismatch")
+    rc, out = fake.run([], profile(), library="580.105.08", module_file=str(tmp_path / "none"))
+    assert rc == 9 and "couldn't communicate with the NVIDIA driver" in out
+
+
+def test_faults_of_one_driver_release_apply_only_when_it_is_loaded(tmp_path):
+    prof = fake._merge(profile(), {"faults_by_driver": {"580.105.08": {"links_down": [{"gpu": 2, "link": 7}]}}})
+    module = tmp_path / "version"
+    for loaded, down in (("580.95.05", 0), ("580.105.08", 1)):
+        module.write_text(loaded)
+        rc, out = fake.run(["nvlink", "--status"], prof, library=loaded, module_file=str(module))
+        assert rc == 0 and out.count("<inactive>") == down, loaded

@@ -120,7 +120,7 @@ def test_lab_persistenced_standin_behaves_like_ubuntus_package(tmp_path):
     from pdctl.lab import standin_debs
     from pdctl.lab.fakegpu import nvidia_smi
 
-    (unit,) = [s for s in standin_debs.standins() if s.name == "nvidia-persistenced"]
+    (unit,) = [s for s in standin_debs.standins(rehearsal=False) if s.name == "nvidia-persistenced"]
     text = unit.files["/lib/systemd/system/nvidia-persistenced.service"][0]
     assert "--no-persistence-mode" in text
     state = tmp_path / "state"
@@ -282,7 +282,10 @@ def test_hosts_without_nvlink5_get_the_ordering_but_no_nvlsm_modules(tmp_path):
 def test_doca_ofed_goes_in_before_the_fabric_and_activates_through_a_handler():
     plays = yaml.safe_load((ROOT / "playbooks/host_stack.yml").read_text())
     (stack,) = [t for t in plays[0]["tasks"] if "block" in t]  # the roles, in a block (quarantine's rescue)
-    order = [t["ansible.builtin.import_role"]["name"].split(".")[-1] for t in stack["block"]]
+    # ... one list of them, which host maintenance (playbooks/maintenance.yml) runs too
+    assert [t.get("ansible.builtin.import_tasks") for t in stack["block"]] == ["tasks/host_stack_roles.yml"]
+    roles = yaml.safe_load((ROOT / "playbooks/tasks/host_stack_roles.yml").read_text())
+    order = [t["ansible.builtin.import_role"]["name"].split(".")[-1] for t in roles]
     assert order.index("rdma") < order.index("nvidia_fabric"), order
     tasks = yaml.safe_load((ROOT / "roles/rdma/tasks/0010-packages.yml").read_text())
     (doca,) = [t for t in tasks if "DOCA-OFED is installed" in t["name"]]

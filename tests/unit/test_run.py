@@ -108,6 +108,20 @@ def test_rollback_runs_the_upgrade_playbook_asking_for_the_rollback(tmp_path, mo
     assert rc == 0 and "upgrade_rollback=true" not in seen["extra"]
 
 
+def test_maintain_runs_the_maintenance_playbook_on_the_hosts_asked_for(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(playbook, inventory, **kw):
+        seen.update(playbook=playbook, limit=kw["limit"], check=kw["check"])
+        return result(0)
+
+    monkeypatch.setattr(runner, "run_playbook", fake_run)
+    inv = inventory_variant(tmp_path / "inv", {})
+    rc = cli.main(["maintain", "-i", str(inv), "--limit", "lab-prefill-1", "--check", "--json", str(tmp_path / "s.json"),
+                   "--artifacts", str(tmp_path / "a")])
+    assert rc == 0 and seen == {"playbook": "playbooks/maintenance.yml", "limit": "lab-prefill-1", "check": True}
+
+
 def test_task_results_read_each_hosts_result_of_a_task_from_the_events(tmp_path):
     events = tmp_path / "job_events"
     events.mkdir()

@@ -23,7 +23,7 @@ def _field(deb, name):
 
 def test_versions_come_from_the_manifest():
     v = standin_debs.manifest()
-    by_name = {s.name: s.version for s in standin_debs.standins()}
+    by_name = {s.name: s.version for s in standin_debs.standins(rehearsal=False)}
     assert by_name["nvidia-smi"] == v["nvidia_driver"] + "-1"
     assert by_name["nvidia-kernel-open-dkms"] == v["nvidia_driver"] + "-1"
     assert by_name["nvidia-fabricmanager"] == v["nvidia_fabricmanager"] + "-1"
@@ -61,7 +61,9 @@ def test_built_debs_carry_the_real_names_and_the_emulator(tmp_path, dpkg_deb):
     extract = tmp_path / "x"
     subprocess.run(["dpkg-deb", "-x", str(smi), str(extract)], check=True)
     shipped = extract / "usr/bin/nvidia-smi"
-    assert shipped.read_text() == standin_debs.FAKEGPU.read_text()
+    # The emulator, with its own driver release baked in as its NVML library version.
+    assert shipped.read_text() == standin_debs.FAKEGPU.read_text().replace(
+        "LIBRARY_VERSION = None", "LIBRARY_VERSION = %r" % standin_debs.manifest()["nvidia_driver"])
     assert shipped.stat().st_mode & 0o111
     fm = next(p for n, p in debs.items() if n.startswith("nvidia-fabricmanager_"))
     listing = subprocess.run(["dpkg-deb", "-c", str(fm)], capture_output=True, text=True, check=True).stdout
@@ -69,7 +71,48 @@ def test_built_debs_carry_the_real_names_and_the_emulator(tmp_path, dpkg_deb):
     assert "./usr/bin/nv-fabricmanager" in listing
 
 
-def test_fabric_manager_standin_reports_the_profile_version(tmp_path):
+def test_the_store_also_carries_the_lab_rehearsal_driver_releases():
+    """The driver upgrade rehearsal (playbooks/maintenance.yml) needs both releases in the store, and each
+    release changes driver, fabric manager and nscq together."""
+    rehearsal = standin_debs.rehearsal_driver_versions()
+    assert rehearsal and standin_debs.manifest()["nvidia_driver"] not in rehearsal
+    versions = {}
+    for s in standin_debs.standins():
+        versions.setdefault(s.name, set()).add(s.version)
+    for name in ("nvidia-kernel-open-dkms", "nvidia-smi", "nvidia-fabricmanager", "libnvidia-nscq"):
+        assert versions[name] == {standin_debs.manifest()["nvidia_driver"] + "-1"} | {d + "-1" for d in rehearsal}
+    assert len({s.filename for s in standin_debs.standins()}) == len(standin_debs.standins())
+
+
+def _module_files(tmp_path, s):
+    """A stand-in package's files under tmp_path, its paths rewritten to stay there."""
+    out = {}
+    for path, (text, _mode) in s.files.items():
+        target = tmp_path / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # (The daemons it looks for are this test's, not the lab hosts' that this machine also sees.)
+        target.write_text(text.replace(standin_debs.MODULE_DIR, str(tmp_path / "module"))
+                          .replace('"/usr/bin/$daemon"', '"%s/usr/bin/$daemon"' % tmp_path))
+        target.chmod(0o755)
+        out[path] = target
+    return out
+
+
+def test_the_kernel_module_standin_loads_once_and_unloads(tmp_path):
+    dkms = next(s for s in standin_debs.standins() if s.name == "nvidia-kernel-open-dkms")
+    script = _module_files(tmp_path, dkms)["/usr/lib/pdctl-lab/nvidia-modules"]
+    version = tmp_path / "module" / "version"
+    subprocess.run([str(script), "load"], check=True, capture_output=True)
+    assert version.read_text().strip() == standin_debs.manifest()["nvidia_driver"]
+    version.write_text("580.1.1\n")  # another release loaded: a second load (modprobe) leaves it
+    subprocess.run([str(script), "load"], check=True, capture_output=True)
+    assert version.read_text().strip() == "580.1.1"
+    subprocess.run([str(script), "unload"], check=True, capture_output=True)
+    assert not version.exists()
+    assert "pdctl-lab-nvidia-modules.service" in dkms.postinst
+
+
+def test_fabric_manager_standin_reports_its_version_and_the_profile_fault(tmp_path):
     fm = next(s for s in standin_debs.standins() if s.name == "nvidia-fabricmanager")
     lib = tmp_path / "lib"
     lib.mkdir()
@@ -78,10 +121,18 @@ def test_fabric_manager_standin_reports_the_profile_version(tmp_path):
     shutil.copy(standin_debs.FAKEGPU, lib / "pdctl_fakegpu.py")
     (tmp_path / "fm").write_text(fm.files["/usr/bin/nv-fabricmanager"][0])
     profile = tmp_path / "profile.json"
-    profile.write_text('{"fabric_manager_version": "580.95.05", "faults": {"fabric_manager_version": "580.82.07"}}')
+    env = {"PDCTL_HW_PROFILE": str(profile), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(lib)}
+    profile.write_text('{}')
     out = subprocess.run(["python3", str(tmp_path / "fm"), "--version"], capture_output=True, text=True, check=True,
-                         env={"PDCTL_HW_PROFILE": str(profile), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(lib)}).stdout
+                         env=env).stdout
+    assert out.strip() == "Fabric Manager version is : " + standin_debs.manifest()["nvidia_fabricmanager"]
+    profile.write_text('{"faults": {"fabric_manager_version": "580.82.07"}}')
+    out = subprocess.run(["python3", str(tmp_path / "fm"), "--version"], capture_output=True, text=True, check=True,
+                         env=env).stdout
     assert out.strip() == "Fabric Manager version is : 580.82.07"
+    # Started against a driver module of another release (none loaded here), it refuses, as the real one does.
+    res = subprocess.run(["python3", str(tmp_path / "fm")], capture_output=True, text=True, env=env, timeout=20)
+    assert res.returncode == 1 and "not compatible with the loaded NVIDIA driver None" in res.stderr
 
 
 def _declared_by_the_roles():
@@ -130,8 +181,8 @@ def test_store_stages_every_declared_package_and_resolves_only_the_real_ones(tmp
     for stanza in (target / "Packages").read_text().split("\n\n"):
         fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
         if fields:
-            indexed[fields["Package"]] = fields["Version"]
+            indexed.setdefault(fields["Package"], set()).add(fields["Version"])
     assert declared <= set(indexed), "declared but not staged: %s" % sorted(declared - set(indexed))
     for s in standin_debs.standins():
-        assert indexed[s.name] == s.version, s.name  # the stand-in, not a Debian package of that name
+        assert s.version in indexed[s.name], s.name  # the stand-in, not a Debian package of that name
     assert (target / "Release").is_file()

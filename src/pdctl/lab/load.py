@@ -132,14 +132,20 @@ class FrontdoorCapacity(threading.Thread):
         self.samples, self.errors = [], []
         self._halt = threading.Event()
 
+    def sample(self) -> dict:
+        """One reading now: {active, prefill, healthy}; {} when the probe failed (its error is kept)."""
+        proc = subprocess.run(["podman", "exec", self.frontdoor_host, "python3", "-c", _CAPACITY_PROBE],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            self.errors.append(proc.stderr[-300:])
+            return {}
+        return json.loads(proc.stdout)
+
     def run(self):
         while not self._halt.is_set():
-            proc = subprocess.run(["podman", "exec", self.frontdoor_host, "python3", "-c", _CAPACITY_PROBE],
-                                  capture_output=True, text=True)
-            if proc.returncode == 0:
-                self.samples.append((time.time(), json.loads(proc.stdout)))
-            else:
-                self.errors.append(proc.stderr[-300:])
+            reading = self.sample()
+            if reading:
+                self.samples.append((time.time(), reading))
             self._halt.wait(1.0)
 
     def stop(self):

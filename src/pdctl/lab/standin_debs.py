@@ -29,6 +29,8 @@ from pdctl import collection
 FAKEGPU = Path(__file__).resolve().parent / "fakegpu" / "nvidia_smi.py"
 # The emulator is also a module on the hosts' Python path, as a Debian package installs one.
 FAKEGPU_MODULE = "/usr/lib/python3/dist-packages/pdctl_fakegpu.py"
+# Where the kernel module stand-in writes the version it loaded (nvidia_smi.MODULE_VERSION_FILE's directory).
+MODULE_DIR = "/run/pdctl-lab/sys/module/nvidia"
 MAINTAINER = "pdctl lab <pdctl-lab@localhost>"
 DEB_REVISION = "1"
 
@@ -40,6 +42,7 @@ class Standin:
     description: str
     files: dict = field(default_factory=dict)  # absolute path -> (text, mode)
     depends: str = ""
+    postinst: str = ""
 
     @property
     def filename(self) -> str:
@@ -98,18 +101,30 @@ hardware profile (faults.fabric_manager_version wins, to inject a skew), otherwi
 import signal
 import sys
 
-from pdctl_fakegpu import load_profile
+from pdctl_fakegpu import MODULE_VERSION_FILE, load_profile
+
+
+PACKAGE_VERSION = "%s"
 
 
 def version():
-    profile = load_profile()
-    return (profile.get("faults") or {}).get("fabric_manager_version") or profile["fabric_manager_version"]
+    return (load_profile().get("faults") or {}).get("fabric_manager_version") or PACKAGE_VERSION
 
 
 if "--version" in sys.argv or "-v" in sys.argv:
     print("Fabric Manager version is : " + version())
     sys.exit(0)
-print("nv-fabricmanager (pdctl lab stand-in) %s started with %s" % (version(), " ".join(sys.argv[1:])), flush=True)
+# Like the real one: it runs only against the driver release it belongs to.
+try:
+    with open(MODULE_VERSION_FILE, encoding="utf-8") as handle:
+        module = handle.read().strip()
+except FileNotFoundError:
+    module = None
+if module != version():
+    print("fabric manager version %%s is not compatible with the loaded NVIDIA driver %%s" %% (version(), module),
+          file=sys.stderr, flush=True)
+    sys.exit(1)
+print("nv-fabricmanager (pdctl lab stand-in) %%s started with %%s" %% (version(), " ".join(sys.argv[1:])), flush=True)
 print("Successfully configured all the available NVSwitches to route GPU NVLink traffic.", flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 signal.pause()
@@ -136,6 +151,55 @@ Restart=on-failure
 WantedBy=multi-user.target
 """
 
+# The kernel module: what nvidia-kernel-open-dkms installs is what the host loads at boot (the unit
+# below, on tmpfs where /sys/module/nvidia/version would be), or on a fresh host at install time, as
+# `modprobe nvidia` does; a module already loaded stays until a reboot or a reload (restart the unit).
+_MODULES = """#!/bin/sh
+# pdctl lab stand-in for loading and unloading the NVIDIA kernel module %(version)s.
+set -eu
+dir=%(dir)s
+case "${1:-load}" in
+  load)
+    [ -e "$dir/version" ] && exit 0  # modprobe of a loaded module: nothing happens
+    mkdir -p "$dir"
+    echo %(version)s > "$dir/version"
+    echo "nvidia: module %(version)s loaded" ;;
+  unload)
+    for daemon in nv-fabricmanager nvidia-persistenced; do
+      if pgrep -f "/usr/bin/$daemon" > /dev/null; then
+        echo "modprobe: FATAL: Module nvidia is in use ($daemon runs)." >&2
+        exit 1
+      fi
+    done
+    rm -f "$dir/version"
+    echo "nvidia: module unloaded" ;;
+esac
+"""
+
+_MODULES_UNIT = """[Unit]
+Description=NVIDIA kernel module (pdctl lab stand-in)
+DefaultDependencies=no
+Before=nvidia-persistenced.service nvidia-fabricmanager.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/lib/pdctl-lab/nvidia-modules load
+ExecStop=/usr/lib/pdctl-lab/nvidia-modules unload
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# A fresh host loads the module it installs; an upgrade only installs it (the old one stays loaded).
+_MODULES_POSTINST = """#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+  systemctl enable pdctl-lab-nvidia-modules.service >/dev/null 2>&1 || true
+  [ -e %(dir)s/version ] || systemctl start pdctl-lab-nvidia-modules.service || /usr/lib/pdctl-lab/nvidia-modules load
+fi
+"""
+
 _NVLSM = """#!/bin/sh
 # pdctl lab stand-in for the NVLink subnet manager (started by nvidia-fabricmanager-start.sh on NVLink 5).
 echo "nvlsm (pdctl lab stand-in) %s"
@@ -148,17 +212,24 @@ echo "Cuda compilation tools, release %s, V%s"
 """
 
 
-def standins(versions: dict | None = None) -> list[Standin]:
-    """The stand-in packages for a versions manifest (default: THE manifest)."""
-    v = versions or manifest()
-    drv, fm, nvlsm = v["nvidia_driver"], v["nvidia_fabricmanager"], v["nvlsm"]
-    cuda = str(v["cuda"])
-    cuda_full = cuda + ".0" if cuda.count(".") == 1 else cuda
+def rehearsal_driver_versions() -> list[str]:
+    """Other driver releases the lab's store carries (the driver upgrade rehearsal of playbooks/maintenance.yml):
+    pdctl_lab_driver_rehearsal_versions in the lab inventory."""
+    path = collection.root() / "inventories" / "lab" / "group_vars" / "all" / "lab_hardware.yml"
+    return [str(v) for v in yaml.safe_load(path.read_text()).get("pdctl_lab_driver_rehearsal_versions") or []]
+
+
+def driver_standins(drv: str, fm: str, nscq: str) -> list[Standin]:
+    """One driver release: what changes together (driver == fabric manager == nscq)."""
     rev = "-" + DEB_REVISION
-    smi = FAKEGPU.read_text()
+    smi = FAKEGPU.read_text().replace("LIBRARY_VERSION = None", "LIBRARY_VERSION = %r" % drv, 1)
+    module = {"version": drv, "dir": MODULE_DIR}
     return [
         Standin("nvidia-kernel-open-dkms", drv + rev, "NVIDIA open GPU kernel modules (DKMS)",
-                _readme("nvidia-kernel-open-dkms")),
+                {"/usr/lib/pdctl-lab/nvidia-modules": (_MODULES % module, 0o755),
+                 "/lib/systemd/system/pdctl-lab-nvidia-modules.service": (_MODULES_UNIT, 0o644),
+                 **_readme("nvidia-kernel-open-dkms")},
+                postinst=_MODULES_POSTINST % module),
         Standin("libcuda1", drv + rev, "NVIDIA CUDA driver library", _readme("libcuda1")),
         Standin("nvidia-smi", drv + rev, "NVIDIA System Management Interface (lab GPU emulator)",
                 {"/usr/bin/nvidia-smi": (smi, 0o755), FAKEGPU_MODULE: (smi, 0o644)},
@@ -167,13 +238,27 @@ def standins(versions: dict | None = None) -> list[Standin]:
                 {"/usr/bin/nvidia-persistenced": (_PERSISTENCED, 0o755),
                  "/lib/systemd/system/nvidia-persistenced.service": (_PERSISTENCED_UNIT, 0o644)}),
         Standin("nvidia-fabricmanager", fm + rev, "NVIDIA fabric manager",
-                {"/usr/bin/nv-fabricmanager": (_NV_FABRICMANAGER, 0o755),
+                {"/usr/bin/nv-fabricmanager": (_NV_FABRICMANAGER % fm, 0o755),
                  "/usr/bin/nvidia-fabricmanager-start.sh": (_FM_START, 0o755),
                  "/usr/share/nvidia/nvswitch/fabricmanager.cfg": ("LOG_LEVEL=4\nDAEMONIZE=0\nFABRIC_MODE=0\n", 0o644),
                  "/lib/systemd/system/nvidia-fabricmanager.service": (_FM_UNIT, 0o644)},
                 depends="nvidia-smi, python3"),
-        Standin("libnvidia-nscq", v["libnvidia_nscq"] + rev, "NVIDIA NVSwitch configuration and query library",
+        Standin("libnvidia-nscq", nscq + rev, "NVIDIA NVSwitch configuration and query library",
                 _readme("libnvidia-nscq")),
+    ]
+
+
+def standins(versions: dict | None = None, rehearsal: bool = True) -> list[Standin]:
+    """The stand-in packages for a versions manifest (default: THE manifest), and (rehearsal) the driver
+    packages of the lab's other driver releases."""
+    v = versions or manifest()
+    nvlsm = v["nvlsm"]
+    cuda = str(v["cuda"])
+    cuda_full = cuda + ".0" if cuda.count(".") == 1 else cuda
+    rev = "-" + DEB_REVISION
+    others = [d for d in rehearsal_driver_versions() if d != v["nvidia_driver"]] if rehearsal else []
+    return driver_standins(v["nvidia_driver"], v["nvidia_fabricmanager"], v["libnvidia_nscq"]) + [
+        s for d in others for s in driver_standins(d, d, d)] + [
         Standin("nvlsm", nvlsm + rev, "NVIDIA NVLink subnet manager",
                 {"/usr/sbin/nvlsm": (_NVLSM % nvlsm, 0o755),
                  "/usr/share/nvidia/nvlsm/nvlsm.conf": ("# pdctl lab stand-in\n", 0o644)}),
@@ -194,7 +279,7 @@ def fingerprint(versions: dict | None = None) -> str:
     """Changes whenever a stand-in's name, version or content would (staging cache key)."""
     h = hashlib.sha256()
     for s in standins(versions):
-        h.update(("%s\0%s\0%s\0%s\0" % (s.name, s.version, s.depends, s.description)).encode())
+        h.update(("%s\0%s\0%s\0%s\0%s\0" % (s.name, s.version, s.depends, s.description, s.postinst)).encode())
         for path, (text, mode) in sorted(s.files.items()):
             h.update(("%s\0%o\0%s\0" % (path, mode, text)).encode())
     return h.hexdigest()[:12]
@@ -215,6 +300,9 @@ def build_one(s: Standin, dest: Path) -> Path:
         root = Path(tmp) / s.name
         (root / "DEBIAN").mkdir(parents=True)
         (root / "DEBIAN" / "control").write_text(_control(s))
+        if s.postinst:
+            (root / "DEBIAN" / "postinst").write_text(s.postinst)
+            (root / "DEBIAN" / "postinst").chmod(0o755)
         for path, (text, mode) in s.files.items():
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,13 @@ PROFILE_PATHS = ("/etc/pdctl/hw-profile.json", "/etc/pdctl/hw-profile.yml")
 # Written by the lab's nvidia-persistenced stand-in: "Enabled" / "Disabled", as the daemon's flags and
 # state leave the GPUs. Absent (no daemon installed yet, or a test machine): the profile decides.
 PERSISTENCE_STATE = "/run/nvidia-persistenced/pdctl-lab-persistence-mode"
+# The driver's user space and kernel module, as on a real host. The nvidia-smi stand-in package bakes its
+# own version in (LIBRARY_VERSION, its NVML); the kernel module stand-in (package nvidia-kernel-open-dkms)
+# writes the version it "loaded" at boot here, on tmpfs, as /sys/module/nvidia/version is: a driver
+# upgrade shows only after a reboot (or a module reload), and until then the two disagree. None (a
+# checkout, tests): the profile's driver_version is the driver.
+LIBRARY_VERSION = None
+MODULE_VERSION_FILE = "/run/pdctl-lab/sys/module/nvidia/version"
 
 # Same content as module_utils/hwprofile.py B300_DEFAULT and profiles/b300.json (tested).
 DEFAULT_PROFILE = {
@@ -97,11 +104,14 @@ class Machine:
     so with slot 5 missing, slot 6 prints as GPU 5 - as a real host with a lost GPU does.
     """
 
-    def __init__(self, profile):
+    def __init__(self, profile, driver=None):
         self.p = profile
-        faults = profile.get("faults") or {}
+        driver = driver or profile["driver_version"]
+        # Faults of one driver release (a host that comes back from a driver upgrade with a link down)
+        # add to the ones it always has.
+        faults = _merge(profile.get("faults") or {}, (profile.get("faults_by_driver") or {}).get(driver) or {})
         gpu = profile["gpu"]
-        self.driver = faults.get("driver_version", profile["driver_version"])
+        self.driver = faults.get("driver_version", driver)
         self.persistence = _persistence_state() or gpu.get("persistence_mode", "Enabled")
         self.cuda = profile["cuda_version"]
         missing = set(faults.get("missing_gpus") or [])
@@ -463,9 +473,28 @@ def render_list(m: Machine) -> str:
 
 # ---------------------------------------------------------------- command line
 
-def run(argv, profile=None):
+def loaded_driver(library=None, module_file=None):
+    """(rc, message) when the driver cannot answer, else (0, the loaded module's version or None)."""
+    library = library if library is not None else LIBRARY_VERSION
+    if library is None:
+        return 0, None
+    try:
+        with open(module_file or MODULE_VERSION_FILE, encoding="utf-8") as handle:
+            module = handle.read().strip()
+    except FileNotFoundError:
+        return 9, ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
+                   "the latest NVIDIA driver is installed and running.\n\n")
+    if module != library:
+        return 18, "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: %s\n" % library
+    return 0, module
+
+
+def run(argv, profile=None, library=None, module_file=None):
     """Return (rc, stdout) for an nvidia-smi command line; tests call this in-process."""
-    m = Machine(profile if profile is not None else load_profile())
+    rc, driver = loaded_driver(library, module_file)
+    if rc:
+        return rc, driver
+    m = Machine(profile if profile is not None else load_profile(), driver)
     args = list(argv)
     query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
     fmt = next((a.split("=", 1)[1] for a in args if a.startswith("--format=")), None)
