@@ -15,8 +15,10 @@ phase too much), on a lab converged by the session's first run:
 - the minimum at 4: the checks only (the run stops at the quarantine play);
 - the restore (fixture): the emulated hardware without the fault, the checks (nothing quarantined), the
   instances (started and enabled again), the router (all four prefill instances) and the front door
-  (serving again before the next test). Not the gates: their verdict would be on processes that the next
-  gated run measures again anyway (the fingerprint holds the instances' and the router's processes).
+  (serving again before the next test), on FAULTY and the router's host only: the other prefill host's
+  units hold only its own instances, so nothing there changed. Not the gates: their verdict would be on
+  processes that the next gated run measures again anyway (the fingerprint holds the instances' and the
+  router's processes).
 Skipped throughout: host_base, firewall, model_weights, kv_path, monitoring (nothing there depends on the
 quarantine, or the lab keeps what the first converge put there: monitoring's targets)."""
 import json
@@ -46,6 +48,7 @@ FAULT_TAGS = "lab_hardware,verify,vllm,router,frontdoor,gates"
 AGAIN_TAGS = "verify,router"
 MINIMUM_TAGS = "verify"
 RESTORE_TAGS = "lab_hardware,verify,vllm,router,frontdoor"
+RESTORE_LIMIT = "%s,%s" % (FAULTY, ROUTER)  # the router's host is the front door's too (inventories/lab)
 
 
 def with_minimum(minimum):
@@ -75,7 +78,7 @@ def missing_gpu(converged_lab, lab, tmp_path):
     instances, the checks' verdict without quarantine)."""
     yield inventory_variant(tmp_path / "inv", {"host_vars/" + FAULTY: {
         "pdctl_lab_hw_profile": {"faults": {"missing_gpus": [5]}}}})
-    result = runner.run_playbook("site.yml", lab, envvars=LAB_ENV, tags=RESTORE_TAGS)
+    result = runner.run_playbook("site.yml", lab, envvars=LAB_ENV, tags=RESTORE_TAGS, limit=RESTORE_LIMIT)
     assert result.ok, result.failures
     assert all(s == {"ActiveState": "active", "UnitFileState": "enabled"} for s in unit_states(FAULTY).values())
     assert len(router_prefills()) == 4

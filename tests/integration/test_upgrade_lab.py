@@ -34,10 +34,20 @@ def _stdout(result):
     return (result.artifact_dir / "stdout").read_text()
 
 
+def _serving_state():
+    """What an upgrade can change: every serving host's pdctl units and environment files (the standby
+    router's unit among them), the instances' processes, the front door's view of the routers."""
+    files = {h: on_host(h, "sh", "-c", "sha256sum /etc/systemd/system/pdctl-*.service /etc/pdctl/*.env 2>&1; true")
+             for h in INSTANCES}
+    return {"files": files, "pids": main_pids(), "frontdoor": _frontdoor_servers()}
+
+
 @pytest.fixture
 def flag_change(converged_lab, tmp_path):
     """An inventory where HOST's prefill instances drain for 240 s instead of 300 on SIGTERM; afterwards
-    the lab is rolled back to its own inventory (the same playbook)."""
+    the lab is rolled back to its own inventory (the same playbook), unless nothing changed (check mode):
+    that run back would be a whole upgrade.yml with nothing to do."""
+    before = _serving_state()
     serving = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/serving.yml").read_text())
     prefill = [("240" if prev == "--shutdown-timeout" else a)
                for prev, a in zip([None] + serving["pdctl_serve_args"]["prefill"], serving["pdctl_serve_args"]["prefill"])]
@@ -45,19 +55,23 @@ def flag_change(converged_lab, tmp_path):
     inv = inventory_variant(tmp_path / "flag", {
         "host_vars/%s" % HOST: {"pdctl_serve_args": dict(serving["pdctl_serve_args"], prefill=prefill)}})
     yield inv
+    if _serving_state() == before:
+        return
     result = runner.run_playbook("playbooks/upgrade.yml", ROOT / "inventories/lab", envvars=LAB_ENV)
     assert result.ok, result.failures
 
 
 def test_check_mode_prints_the_steps_and_restarts_nothing(flag_change):
-    before = main_pids()
+    before = _serving_state()
     result = runner.run_playbook("playbooks/upgrade.yml", flag_change, check=True, envvars=LAB_ENV)
     assert result.ok, result.failures
     out = " ".join(_stdout(result).split())
     assert "2 instance(s) to roll one at a time: prefill-2, prefill-3" in out
     assert "Instance restarts on its new unit: prefill-2" in out
-    assert main_pids() == before
-    assert _frontdoor_servers() == {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT"}
+    after = _serving_state()
+    assert after["pids"] == before["pids"]
+    assert after["files"] == before["files"], "check mode wrote a unit or an environment file"
+    assert after["frontdoor"] == {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT"}
 
 
 def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(flag_change):
@@ -115,10 +129,12 @@ def switch_record(converged_lab):
             on_host(host, "rm", "-f", JOURNAL)
 
 
+REFUSAL_TASK = "A rollback has a switch to undo, and a switch in progress is finished before another"
+
+
 def _refused(result):
     assert not result.ok
-    assert [f["task"] for f in result.failures] == [
-        "A rollback has a switch to undo, and a switch in progress is finished before another"], result.failures
+    assert [f["task"] for f in result.failures] == [REFUSAL_TASK], result.failures
     assert set(_changed(result).values()) <= {0}, _changed(result)
     return " ".join(result.failures[0]["msg"].split())
 
@@ -132,7 +148,21 @@ def test_rollback_with_no_switch_recorded_is_refused(switch_record):
     assert main_pids() == before
 
 
-def test_a_release_that_was_rolled_back_is_refused_until_retried(switch_record):
+def _target_play(tmp_path):
+    """upgrade.yml's target play alone (it reads the hosts' switch records and refuses, or not), in a
+    playbook beside links to playbooks/vars and playbooks/tasks so that its relative paths resolve as in
+    upgrade.yml."""
+    plays = yaml.safe_load((ROOT / "playbooks/upgrade.yml").read_text())
+    (target,) = [p for p in plays if any(t["name"] == REFUSAL_TASK for t in p.get("tasks", []))]
+    book = tmp_path / "upgrade-target" / "target.yml"
+    book.parent.mkdir()
+    for name in ("vars", "tasks"):
+        (book.parent / name).symlink_to(ROOT / "playbooks" / name)
+    book.write_text(yaml.safe_dump([target], sort_keys=False))
+    return book
+
+
+def test_a_release_that_was_rolled_back_is_refused_until_retried(switch_record, tmp_path):
     switch_record({"from": "0.33.0", "to": "lab-0.2.1", "state": "rolled-back", "reason": "the gates failed: test",
                    "since": "2026-12-01T00:00:00+00:00"})
     target = ["-e", "vllm_version=lab-0.2.1", "-e", "pdctl_lab_engine_release=bad-sla"]
@@ -141,9 +171,12 @@ def test_a_release_that_was_rolled_back_is_refused_until_retried(switch_record):
     msg = _refused(result)
     assert "lab-0.2.1 was rolled back (the gates failed: test); the hosts run 0.33.0" in msg
     assert "-e upgrade_retry=true" in msg
-    # The manifest's own release is not the one rolled back: nothing to do, and nothing refused.
-    result = runner.run_playbook("playbooks/upgrade.yml", ROOT / "inventories/lab", envvars=LAB_ENV, check=True)
+    # The manifest's own release is not the one rolled back: nothing refused. The target play alone decides
+    # that; after it a rolled-back record reads as none (only a switch or a rollback in progress resumes),
+    # and upgrade.yml's whole check-mode pass is test_check_mode_prints_the_steps_and_restarts_nothing's.
+    result = runner.run_playbook(str(_target_play(tmp_path)), ROOT / "inventories/lab", envvars=LAB_ENV, check=True)
     assert result.ok, result.failures
+    assert [r.get("msg") for r in result.task_results(REFUSAL_TASK).values()] == ["All assertions passed"]
 
 
 def test_a_new_target_during_a_switch_is_refused_naming_both(switch_record):
