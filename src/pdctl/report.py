@@ -39,6 +39,8 @@ def main(args) -> int:
     artifacts = Path(args.artifacts)
     for line in _quarantine_lines(artifacts / "quarantine" / "last.json"):
         print(line)
+    for line in _maintenance_lines(artifacts / "maintenance" / "last.json"):
+        print(line)
     gates = _latest_gate_reports(artifacts)
     print("\n== rollout gates")
     if not gates:
@@ -70,6 +72,30 @@ def _quarantine_lines(path: Path):
         yield "QUARANTINED %s (%s): out of every router, instances stopped" % (
             q.get("host"), ", ".join(q.get("instances") or []))
         yield "  " + str(q.get("reason"))
+
+
+def _maintenance_lines(path: Path):
+    """The last host maintenance run (playbooks/maintenance.yml writes it), if any: each host's turn."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    hosts, turns = data.get("hosts") or [], data.get("turns") or {}
+    yield "\n== host maintenance (%s ago, NVIDIA driver %s)" % (_age(time.time() - float(data.get("time") or 0)),
+                                                              data.get("driver"))
+    if not hosts:
+        yield "nothing to do: every host ran the manifest's driver with its instances up"
+    for host in hosts:
+        turn = turns.get(host)
+        if turn is None:
+            yield "NOT TOUCHED %s (the run stopped before its turn)" % host
+        elif turn.get("passed"):
+            yield "done %s in %s s (%s)" % (host, turn.get("seconds"), turn.get("activation"))
+        else:
+            failure = turn.get("failure") or {}
+            yield "OUT OF SERVICE %s after %s s (%s): %s" % (host, turn.get("seconds"), turn.get("activation"),
+                                                              failure.get("task"))
+            yield "  " + str(failure.get("reason"))
 
 
 def _age(seconds):

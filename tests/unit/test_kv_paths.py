@@ -106,7 +106,10 @@ def test_playbook_reads_from_decode_per_path_with_each_instances_nics():
     (listener,) = [t for t in tasks.values() if t.get("pdctl.vllm_pd.kv_path_check", {}).get("role") == "listener"]
     (initiator,) = [t for t in tasks.values() if t.get("pdctl.vllm_pd.kv_path_check", {}).get("role") == "initiator"]
     assert initiator["pdctl.vllm_pd.kv_path_check"]["op"] == "READ"
-    assert "decode_host" in initiator["loop"] and "prefill_host" in listener["loop"]
+    # Each end runs on its own host (delegated where that host is outside a --limit run).
+    assert initiator["delegate_to"] == "{{ item.decode_host }}" and listener["delegate_to"] == "{{ item.prefill_host }}"
+    assert "decode_host" in plays[0]["vars"][initiator["loop"].strip("{} ")]
+    assert "prefill_host" in plays[0]["vars"][listener["loop"].strip("{} ")]
     assert "item.ucx_net_devices" in listener["pdctl.vllm_pd.kv_path_check"]["ucx_env"]
     assert "item.decode_ucx_net_devices" in initiator["pdctl.vllm_pd.kv_path_check"]["ucx_env"]
     assert listener["pdctl.vllm_pd.kv_path_check"]["gpu"] == "{{ item.gpu }}"
@@ -135,8 +138,9 @@ def _free_base(count):
     raise RuntimeError("no free ports")
 
 
-def run_offline(tmp_path, check):
-    """verify_kv_path.yml on two inventory hosts that are this machine (prefill 127.0.0.2, decode 127.0.0.3)."""
+def run_offline(tmp_path, check, *args):
+    """verify_kv_path.yml on two inventory hosts that are this machine (prefill 127.0.0.2, decode 127.0.0.3);
+    args go to ansible-playbook."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False}
     hosts = {"all": {"children": {
         "serving": {"children": {
@@ -149,7 +153,7 @@ def run_offline(tmp_path, check):
         "pdctl_kv_path_check": dict({"mem": "DRAM", "size_mb": 8, "expect_rdma": False, "min_bandwidth_gbps": 0.001,
                                      "gpus": "per_numa", "bind_nics": False, "python": sys.executable}, **check)}})
     res = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/verify_kv_path.yml",
-                          "-i", str(inv)], cwd=ROOT, capture_output=True, text=True,
+                          "-i", str(inv), *args], cwd=ROOT, capture_output=True, text=True,
                          env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin",
                               "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "HOME": str(tmp_path),
                               "ANSIBLE_ASYNC_DIR": str(tmp_path / "async"),
@@ -176,6 +180,18 @@ def test_offline_run_reads_every_instance_path_and_reports_each(tmp_path):
         assert "UCX_NET_DEVICES" not in r["transfer"]["ucx_env"]  # bind_nics false: the lab's NICs are emulated
     listeners = tasks["Prefill-side listeners finished cleanly"]["lab-prefill-0"]["results"]
     assert len(listeners) == 2 and all(r["finished"] and r["transfer"]["data_ok"] for r in listeners)
+
+
+def test_a_run_limited_to_one_end_checks_its_paths_from_the_other(tmp_path):
+    """--limit to the prefill host (host maintenance): the decode host outside the play still reads its paths."""
+    requires.module("nixl_cu13", "scripts/bootstrap installs nixl-cu13 for the real DRAM transfers")
+    for host in ("lab-prefill-0", "lab-decode-0"):
+        rc, tasks, text = run_offline(tmp_path / host, {}, "--limit", host)
+        assert rc == 0, text
+        reads = tasks["Decode reads each prefill GPU's blocks (NIXL READ, as decode pulls KV)"][host]["results"]
+        assert len(reads) == 2 and all(r["transfer"]["data_ok"] for r in reads), reads
+        listeners = tasks["Prefill-side listeners finished cleanly"][host]["results"]
+        assert len(listeners) == 2 and all(r["finished"] for r in listeners)
 
 
 def test_offline_run_fails_naming_each_path_below_the_floor(tmp_path):

@@ -174,3 +174,18 @@ def test_pdctl_run_summary_carries_the_quarantine_report():
                                    outcomes=list(recorder.outcomes.values()), quarantine=recorder.quarantine)
     doc = run.summary(result, "site.yml", "inv", 0, 1.0)
     assert doc["quarantined"] == ["Quarantined ...", "lab-prefill-1: ..."] and doc["outcome"] == "accepted"
+
+
+def test_report_shows_each_host_maintenance_turn_and_the_host_left_out(tmp_path, capsys):
+    (tmp_path / "maintenance").mkdir()
+    (tmp_path / "maintenance" / "last.json").write_text(json.dumps({
+        "time": 0, "driver": "580.105.08", "hosts": ["lab-prefill-0", "lab-prefill-1", "lab-decode-0"],
+        "turns": {"lab-prefill-0": {"seconds": 47.0, "activation": "reboot", "passed": True, "failure": {}},
+                  "lab-prefill-1": {"seconds": 51.2, "activation": "reboot", "passed": False,
+                                    "failure": {"task": "NVLinks are up", "reason": "GPU 2 link 7 down"}}}}))
+    report.main(type("Args", (), {"inventory": str(ROOT / "inventories/b300"), "artifacts": str(tmp_path)})())
+    out = capsys.readouterr().out
+    assert "== host maintenance" in out and "NVIDIA driver 580.105.08" in out
+    assert "done lab-prefill-0 in 47.0 s (reboot)" in out
+    assert "OUT OF SERVICE lab-prefill-1 after 51.2 s (reboot): NVLinks are up\n  GPU 2 link 7 down" in out
+    assert "NOT TOUCHED lab-decode-0" in out
