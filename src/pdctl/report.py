@@ -55,11 +55,18 @@ def main(args) -> int:
     return verdict
 
 
+def _last_json(path: Path):
+    """The record a playbook left at path (a dict), or None when there is none or it is unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _quarantine_lines(path: Path):
     """The last host-stack check's quarantine verdict (host_stack.yml writes it), if any."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    data = _last_json(path)
+    if data is None:
         return
     age = time.time() - float(data.get("time") or 0)
     minimum = data.get("min_prefill_instances")
@@ -76,9 +83,8 @@ def _quarantine_lines(path: Path):
 
 def _maintenance_lines(path: Path):
     """The last host maintenance run (playbooks/maintenance.yml writes it), if any: each host's turn."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    data = _last_json(path)
+    if data is None:
         return
     hosts, turns = data.get("hosts") or [], data.get("turns") or {}
     yield "\n== host maintenance (%s ago, NVIDIA driver %s)" % (_age(time.time() - float(data.get("time") or 0)),
