@@ -1,6 +1,5 @@
-"""The GPU host stack (issue 3) on the lab: converge from the artifact store, a manifest version skew
-refused before any install, and one test per injected fault. (Idempotence and truthful check mode of the
-whole site.yml, host stack included: tests/integration/test_lab_site.py.)"""
+"""The GPU host stack (issue 3) on the lab: converge from the artifact store, idempotence, truthful
+check mode, a manifest version skew refused before any install, and one test per injected fault."""
 import pytest
 import yaml
 
@@ -45,6 +44,14 @@ def test_site_installs_the_host_stack_on_every_host(host_stack):
         assert held, "%s: no package is held against upgrades" % host
         fm = _on_host(host, "dpkg-query", "-W", "-f=${Version}", "nvidia-fabricmanager")
         assert fm.startswith(manifest["nvidia_fabricmanager"]), (host, fm)
+
+
+def test_second_run_changes_nothing(second_run):
+    assert second_run.ok and second_run.total("changed") == 0, second_run.recap()
+
+
+def test_check_diff_on_converged_lab_reports_nothing(check_run):
+    assert check_run.ok and check_run.total("changed") == 0, check_run.recap()
 
 
 def test_fabric_manager_version_skew_fails_before_any_install(host_stack, tmp_path):
