@@ -7,6 +7,7 @@ explicit rlimits at or below the hard limits) instead of hard-coding them.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import resource
@@ -172,7 +173,16 @@ def _wait_ssh(host: LabHost, key: Path, known_hosts: Path, timeout: float = 90):
 
 
 def up(inventory_dir: Path | None = None) -> int:
-    """Start the hosts of the lab inventory (or of another inventory on the lab network, e.g. molecule's)."""
+    """Start the hosts of the lab inventory (or of another inventory on the lab network, e.g. molecule's).
+
+    Two at once take turns (the test command runs molecule's beside the lab tests' own): they share the
+    image, the network, the store and the staged files, which each checks and makes."""
+    with open(lab_dir() / "up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _up(inventory_dir)
+
+
+def _up(inventory_dir: Path | None) -> int:
     t0 = time.monotonic()
     try:
         for tool in ("podman", "debootstrap", "ssh", "ssh-keygen"):
