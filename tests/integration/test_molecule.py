@@ -37,10 +37,7 @@ def test_default_scenario_runs_every_scenario_verify():
     assert sorted(imported) == sorted("../%s/verify.yml" % s for s in ROLE_SCENARIOS)
 
 
-# Marked lab too, so that `-m "not lab"` (the tests that need no podman) leaves it out; the test command
-# runs it beside the lab tests (-m molecule), since its host is not theirs.
 @pytest.mark.lab
-@pytest.mark.molecule
 @pytest.mark.slow
 def test_role_scenarios_in_one_bring_up():
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],

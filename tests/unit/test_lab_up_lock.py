@@ -1,5 +1,5 @@
-"""Two `pdctl lab up` at once (the test command runs molecule's beside the lab tests' own) take turns:
-they share the image, the network, the store and the staged files."""
+"""Two `pdctl lab up` at once (molecule's create beside the lab tests' own fixture) take turns: they
+share the image, the network, the store and the staged files."""
 import threading
 import time
 

@@ -175,7 +175,7 @@ def _wait_ssh(host: LabHost, key: Path, known_hosts: Path, timeout: float = 90):
 def up(inventory_dir: Path | None = None) -> int:
     """Start the hosts of the lab inventory (or of another inventory on the lab network, e.g. molecule's).
 
-    Two at once take turns (the test command runs molecule's beside the lab tests' own): they share the
+    Two at once take turns (molecule's create beside the lab tests' own fixture): they share the
     image, the network, the store and the staged files, which each checks and makes."""
     with open(lab_dir() / "up.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
