@@ -3,7 +3,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -87,32 +86,18 @@ def pdctl_run(tmp_path, playbook, inventory, *extra, env=None):
 
 
 @pytest.fixture(scope="session")
-def noop_runs(converged_lab, lab, installed_collection, tmp_path_factory):
-    """The converged lab's two runs that must change nothing, at once (each mostly waits on its hosts and
-    on its own single-threaded controller loop, so together they take little more than one):
-    - site.yml again, with --diff, from the installed collection through `pdctl run` and a playbook outside
-      the repository (its artifacts are searched for secrets);
-    - site.yml --check --diff.
-    Returns (second run, check run)."""
+def second_run(converged_lab, lab, installed_collection, tmp_path_factory):
+    """site.yml again, with --diff, from the installed collection through `pdctl run` and a playbook
+    outside the repository: must change nothing (and its artifacts are searched for secrets)."""
     work = tmp_path_factory.mktemp("second-run")
     playbook = work / "deploy.yml"
     playbook.write_text(EXTERNAL_PLAYBOOK)
     # Only the installed copy is visible: not this checkout's link in the virtualenv.
     env = {"ANSIBLE_COLLECTIONS_PATH": str(installed_collection), "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false"}
-    with ThreadPoolExecutor(2) as pool:
-        second = pool.submit(pdctl_run, work, playbook, lab, "--diff",
-                             "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"), env=env)
-        check = pool.submit(runner.run_playbook, "site.yml", lab, check=True, diff=True, envvars=LAB_ENV)
-        return second.result(), check.result()
+    return pdctl_run(work, playbook, lab, "--diff", "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"), env=env)
 
 
 @pytest.fixture(scope="session")
-def second_run(noop_runs):
-    """site.yml again through the installed collection and `pdctl run` (see noop_runs)."""
-    return noop_runs[0]
-
-
-@pytest.fixture(scope="session")
-def check_run(noop_runs):
-    """site.yml --check --diff on the converged lab (see noop_runs)."""
-    return noop_runs[1]
+def check_run(converged_lab, lab):
+    """site.yml --check --diff on the converged lab."""
+    return runner.run_playbook("site.yml", lab, check=True, diff=True, envvars=LAB_ENV)
