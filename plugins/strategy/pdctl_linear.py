@@ -27,11 +27,17 @@ from ansible.utils.display import Display
 try:
     # Mitogen checks the Ansible release and sets up its loaders on this import, before its strategy.
     import ansible_mitogen.loaders
+    import ansible_mitogen.affinity
     import ansible_mitogen.strategy
 except ImportError:
     _MIXINS = ()
 else:
     _MIXINS = (ansible_mitogen.strategy.StrategyMixin,)
+    # Mitogen pins its processes to CPUs. With fewer than 4 CPUs it pins the top-level process and
+    # every worker (and their children) to one CPU and reserves the other for its multiplexer: on a
+    # 2-core controller a converged site.yml re-run took 103 s pinned and 68 s unpinned. Leave the
+    # placement to the kernel's scheduler: Policy is Mitogen's no-op base policy.
+    ansible_mitogen.affinity.policy = ansible_mitogen.affinity.Policy()
 
 _Linear = strategy_loader.get("linear", class_only=True)
 
