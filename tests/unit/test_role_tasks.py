@@ -214,7 +214,7 @@ def test_preflight_kernel_refuses_secure_boot_unless_the_site_signs_dkms_modules
 
 def test_preflight_kernel_checks_are_gated_by_the_real_kernel_switch_and_probes_are_read_only():
     main = yaml.safe_load((ROOT / "roles/preflight/tasks/main.yml").read_text())
-    (step,) = [t for t in main if t.get("ansible.builtin.import_tasks") == "0040-kernel.yml"]
+    (step,) = [t for t in main if t.get("ansible.builtin.include_tasks") == "0040-kernel.yml"]
     assert "preflight_real_kernel | bool" in step["when"]
     defaults = yaml.safe_load((ROOT / "roles/preflight/defaults/main.yml").read_text())
     assert defaults["preflight_real_kernel"] == "{{ pdctl_real_kernel }}"
