@@ -139,12 +139,17 @@ def _copy(value):
 def merge(base: dict, override: dict) -> dict:
     """Deep-merge override into a copy of base (dicts merge, everything else replaces)."""
     out = _copy(base)
+    _merge_into(out, override)
+    return out
+
+
+def _merge_into(out: dict, override: dict) -> None:
+    """Merge override into out in place (out is already a copy: nested dicts are not copied again)."""
     for key, value in (override or {}).items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
+            _merge_into(out[key], value)
         else:
             out[key] = _copy(value)
-    return out
 
 
 def validate(profile: dict) -> dict:
