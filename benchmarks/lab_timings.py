@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/lab_timings.py [--cold]
 
 Recreates the lab hosts (any state on them is lost). --cold also starts from an empty pdctl cache
-(PDCTL_CACHE_DIR: debootstrap root, apt store, wheelhouse, model; network-bound, the mirrors' speed
+(PDCTL_CACHE_DIR: Debian root, apt store, wheelhouse, model; network-bound, the mirrors' speed
 dominates it). --noop-only times just the no-op re-runs on the lab as it is (converged).
 Target: the no-op re-run of site.yml on three hosts takes <= 45 s and changes nothing on any host.
 """

@@ -44,25 +44,14 @@ def apply_vllm(inventory):
     return result, time.monotonic() - t0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def restore_engine(lab):
-    """After the test, FAULTY's instances back on the lab's own profile (as the role puts them)."""
+    """After this module's fault-profile tests, FAULTY's instances back on the lab's own profile (as the
+    role puts them): once, since each such test applies its own profile over the last one's. The tests
+    that need the lab's own profile (the kills) come before them in this file."""
     yield
     result, _ = apply_vllm(lab)
     assert result.ok, result.failures
-
-
-def test_slow_start_is_waited_out_by_the_readiness_check(converged_lab, restore_engine, tmp_path):
-    slow_s = 20
-    result, took = apply_vllm(faulty_inventory(tmp_path, "slow", {"slow_start_s": slow_s}))
-    assert result.ok, result.failures
-    assert result.total("changed") > 0, "the new profile did not reach the instances"
-    # The play ended only once the instances answered: it took the slow start, and they are ready now.
-    assert took >= slow_s, "the play ended %.0fs after it started, before a %ds start was over" % (took, slow_s)
-    for name in INSTANCES[FAULTY]:
-        port = on_host(FAULTY, "sh", "-c", "grep -o -- '--port [0-9]*' /etc/systemd/system/pdctl-vllm-%s.service"
-                       % name).split()[-1]
-        assert httpx.get("http://10.89.64.12:%s/health" % port, timeout=5).status_code == 200, name
 
 
 def unit_state(host, name):
@@ -151,6 +140,19 @@ def test_killed_decode_instance_fails_only_its_streams_and_comes_back(converged_
     record("decode-kill", dict(summary, back_s=round(back_s, 1)))
     assert summary["failed_requests"] > 0, "killing the only decode instance failed nothing: was it killed?"
     assert late and all(o.ok for o in late), "requests after the restart still fail: %s" % load.summary()
+
+
+def test_slow_start_is_waited_out_by_the_readiness_check(converged_lab, restore_engine, tmp_path):
+    slow_s = 20
+    result, took = apply_vllm(faulty_inventory(tmp_path, "slow", {"slow_start_s": slow_s}))
+    assert result.ok, result.failures
+    assert result.total("changed") > 0, "the new profile did not reach the instances"
+    # The play ended only once the instances answered: it took the slow start, and they are ready now.
+    assert took >= slow_s, "the play ended %.0fs after it started, before a %ds start was over" % (took, slow_s)
+    for name in INSTANCES[FAULTY]:
+        port = on_host(FAULTY, "sh", "-c", "grep -o -- '--port [0-9]*' /etc/systemd/system/pdctl-vllm-%s.service"
+                       % name).split()[-1]
+        assert httpx.get("http://10.89.64.12:%s/health" % port, timeout=5).status_code == 200, name
 
 
 def test_crash_fault_restarts_the_instances_while_the_router_serves_around_them(converged_lab, restore_engine,

@@ -360,7 +360,8 @@ def test_lab_hosts_get_net_admin_and_are_recreated_when_their_options_change(tmp
     monkeypatch.setattr(hosts, "_forget_host_key", lambda host: None)
     monkeypatch.setattr(hosts, "_wait_ssh", lambda *a, **k: None)
     monkeypatch.setattr(store, "ensure_started", lambda d: None)
-    monkeypatch.setattr(stage, "stage_all", lambda *a: {})
+    monkeypatch.setattr(stage, "ensure_wheels", lambda *a: None)
+    monkeypatch.setattr(stage, "stage_all", lambda *a, **k: {})
     monkeypatch.setattr(hosts, "run", lambda cmd, **kw: calls.append(cmd))
 
     assert hosts.up() == 0

@@ -146,7 +146,7 @@ def _declared_by_the_roles():
 
 
 def test_store_stages_every_declared_package_and_resolves_only_the_real_ones(tmp_path, monkeypatch, dpkg_deb):
-    """stage_apt with the debootstrap root and apt-get replaced: what it asks Debian for, what it indexes."""
+    """stage_apt with the Debian root and apt-get replaced: what it asks Debian for, what it indexes."""
     requires.binary("apt-ftparchive", "the lab's flat apt repository is indexed with apt-ftparchive (package apt-utils)")
     root = tmp_path / "rootfs"
     monkeypatch.setattr(store.image, "base_rootfs", lambda: root)

@@ -1,7 +1,8 @@
-"""The lab's Debian 12 systemd image, built once with debootstrap and cached by content.
+"""The lab's Debian 12 systemd image, built once with mmdebstrap and cached by content.
 
-No container registry is reachable, so the image is made from a debootstrap root filesystem
-(`podman import`). The pristine root stays in the cache: the artifact store resolves the Debian
+No container registry is reachable, so the image is made from a Debian root filesystem
+(`podman import`). mmdebstrap (Debian's own package) downloads and unpacks in parallel: 42-48 s
+against debootstrap's 99 s for the same packages from the same mirror. The pristine root stays in the cache: the artifact store resolves the Debian
 packages the roles install against it (see store.stage_apt), exactly as the hosts will see them.
 """
 from __future__ import annotations
@@ -28,10 +29,17 @@ useradd --create-home --shell /bin/bash pdctl-admin
 install -d -m 0700 -o pdctl-admin -g pdctl-admin /home/pdctl-admin/.ssh
 echo 'pdctl-admin ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/pdctl-admin
 chmod 0440 /etc/sudoers.d/pdctl-admin
-printf 'PasswordAuthentication no\nUseDNS no\n' > /etc/ssh/sshd_config.d/pdctl-lab.conf
+printf 'PasswordAuthentication no\nUseDNS no\nHostKey /etc/ssh/ssh_host_ed25519_key\n' > /etc/ssh/sshd_config.d/pdctl-lab.conf
 rm -f /etc/ssh/ssh_host_*
+# One Ed25519 host key per container, made at its first boot: `ssh-keygen -A` also makes an RSA key,
+# which took 6.5 of a host's 7 s boot.
+cat > /usr/local/sbin/pdctl-lab-hostkey <<'KEY'
+#!/bin/sh
+[ -e /etc/ssh/ssh_host_ed25519_key ] || exec ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
+KEY
+chmod 0755 /usr/local/sbin/pdctl-lab-hostkey
 mkdir -p /etc/systemd/system/ssh.service.d
-printf '[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\nExecStartPre=/usr/sbin/sshd -t\n' > /etc/systemd/system/ssh.service.d/hostkeys.conf
+printf '[Service]\nExecStartPre=\nExecStartPre=/usr/local/sbin/pdctl-lab-hostkey\nExecStartPre=/usr/sbin/sshd -t\n' > /etc/systemd/system/ssh.service.d/hostkeys.conf
 rm -f /etc/apt/sources.list /etc/apt/sources.list.d/*
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
 : > /etc/machine-id
@@ -69,8 +77,8 @@ def _digest(*parts: str) -> str:
 
 
 def base_rootfs() -> Path:
-    """Pristine debootstrap root (with apt lists), built once."""
-    key = _digest(SUITE, ",".join(INCLUDE))
+    """Pristine Debian root (with apt lists), built once."""
+    key = _digest("mmdebstrap", SUITE, ",".join(INCLUDE))
     root = cache_dir() / ("rootfs-" + key)
     if (root / ".complete").exists():
         return root
@@ -78,9 +86,9 @@ def base_rootfs() -> Path:
         shutil.rmtree(root)
     mirror = debian_mirror()
     t0 = time.monotonic()
-    print("lab: debootstrap %s into %s (once; about 2 minutes)" % (SUITE, root), flush=True)
-    subprocess.run(["debootstrap", "--variant=minbase", "--include=" + ",".join(INCLUDE), SUITE, str(root), mirror],
-                   check=True, stdout=subprocess.DEVNULL)
+    print("lab: mmdebstrap %s into %s (once; about a minute)" % (SUITE, root), flush=True)
+    subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--include=" + ",".join(INCLUDE), SUITE, str(root),
+                    mirror], check=True, stdout=subprocess.DEVNULL)
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
     subprocess.run(["chroot", str(root), "apt-get", "update", "-qq"], check=True)
     (root / ".complete").write_text("built in %.0fs from %s\n" % (time.monotonic() - t0, mirror))
