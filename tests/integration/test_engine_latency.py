@@ -7,7 +7,7 @@ from pdctl.lab import loopback as ce
 from pdctl.lab import tokenizer, tools
 from pdctl.lab.engine import profile as engine_profile
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 # TTFT 1.1 s for 500-token prompts. The router adds overhead the stand-in does not control: it
 # calls /v1/chat/completions/render on every P and D worker for each request (3 tokenizations) and

@@ -158,6 +158,7 @@ def _sla_cfg(vllm_rs, model_dir, **kw):
     return dict(SLA, client=[vllm_rs, "bench", "serve"], tokenizer=str(model_dir), **kw)
 
 
+@pytest.mark.timing
 def test_sla_passes_with_a_fast_profile(engine, tmp_path, vllm_rs, model_dir):
     url = engine({"latency": FAST})
     rc = cli.main(["sla", "--router-url", url, "--vllm-rs", vllm_rs, "--tokenizer", str(model_dir),
@@ -179,6 +180,7 @@ def test_sla_slow_decode_fails_naming_context_and_value(engine, tmp_path, vllm_r
         assert run["mean_tpot_ms"] > 30
 
 
+@pytest.mark.timing
 def test_sla_capacity_search(engine, tmp_path, vllm_rs, model_dir):
     # TPOT ~ 8 ms + 1.5 ms per other running request: the 20 ms limit is crossed at about 9 concurrent requests
     url = engine({"latency": dict(FAST, decode_step_ms_per_request=1.5)})
