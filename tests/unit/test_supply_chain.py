@@ -206,7 +206,7 @@ def test_lab_stages_one_lock_per_venv_named_as_the_roles_ask(tmp_path, monkeypat
     monkeypatch.setattr(stage.image, "cache_dir", lambda: tmp_path / "cache")
     monkeypatch.setattr(stage.wheelhouse, "download", fake_download)
     (tmp_path / "cache").mkdir()
-    (tmp_path / "lab" / "store").mkdir(parents=True)
+    # A new checkout: `pdctl lab up` stages the wheelhouse before the store (.lab/store) exists.
     stage.ensure_wheels(tmp_path / "lab", ROOT / "inventories" / "lab")
     wheels = tmp_path / "lab" / "store" / "wheels"
     versions = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/versions.yml").read_text())["pdctl_versions"]

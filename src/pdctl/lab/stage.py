@@ -172,6 +172,7 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
     target = lab_dir / "store" / "wheels"
     if target.is_symlink() and os.readlink(target) == str(cache):
         return
+    target.parent.mkdir(parents=True, exist_ok=True)  # staged before the store starts (pdctl lab up)
     if target.is_symlink():
         target.unlink()
     elif target.exists():
