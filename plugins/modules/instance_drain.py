@@ -119,17 +119,21 @@ def run(params, check_mode, read=_read, clock=time.monotonic, sleep=time.sleep):
         return {"changed": False, "running": 0, "waiting": 0, "stopped": True, "waited_s": 0.0}
     if check_mode:
         return {"changed": False, "running": running, "waiting": waiting, "stopped": False, "waited_s": 0.0}
+    # Settled when a read made settle_s or more after the quiet began is still quiet: the quiet is
+    # confirmed at both ends, also when a slow read or a late wake-up alone outlasts settle_s.
     quiet_since = start if running + waiting == 0 else None
-    while quiet_since is None or clock() - quiet_since < params["settle_s"]:
+    last_read = start
+    while quiet_since is None or last_read - quiet_since < params["settle_s"]:
         if clock() - start >= params["timeout"]:
             raise RollingError("%s still has %d request(s) running and %d waiting after %d s: has every router "
                                "stopped sending to it?" % (params["url"], running, waiting, params["timeout"]))
         sleep(params["poll_s"])
+        last_read = clock()
         running, waiting = read(params["url"])
         if running + waiting:
             quiet_since = None
         elif quiet_since is None:
-            quiet_since = clock()
+            quiet_since = last_read
     return {"changed": False, "running": running, "waiting": waiting, "stopped": False,
             "waited_s": round(clock() - start, 2)}
 

@@ -281,6 +281,27 @@ def test_idle_from_the_start_still_settles(metrics, capsys):
     assert 0.5 <= res["waited_s"] < 2.0 and len(metrics.reads) >= 2
 
 
+def test_a_read_slower_than_the_quiet_window_is_confirmed_by_another():
+    """A busy machine: the first read alone takes longer than settle_s. One quiet read is no quiet
+    window: a second read, made after it, has to find the instance quiet too (in CI beside the lab,
+    the module returned after one read)."""
+    from ansible_collections.pdctl.vllm_pd.plugins.modules import instance_drain
+
+    now, reads = [0.0], []
+
+    def read(url):
+        now[0] += 1.2  # slower than settle_s
+        reads.append(now[0])
+        return (0, 0)
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    res = instance_drain.run({"url": "http://x/metrics", "settle_s": 0.5, "timeout": 10, "poll_s": 0.125}, False,
+                             read=read, clock=lambda: now[0], sleep=sleep)
+    assert len(reads) == 2 and res["running"] == 0 and res["waiting"] == 0, (reads, res)
+
+
 def test_a_request_during_the_quiet_starts_it_over():
     """On the module's own clock, scripted here: over HTTP, a machine too busy to poll on time could let
     the quiet end before the busy read came (it did, in CI beside the lab)."""
