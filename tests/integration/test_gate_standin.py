@@ -171,6 +171,7 @@ def test_sla_passes_with_a_fast_profile(engine, tmp_path, vllm_rs, model_dir):
     assert (tmp_path / "s" / "sla_context.png").stat().st_size > 0
 
 
+@pytest.mark.timing
 def test_sla_slow_decode_fails_naming_context_and_value(engine, tmp_path, vllm_rs, model_dir):
     url = engine({"latency": dict(FAST, decode_step_ms=35)})
     report = sla.run(url, _sla_cfg(vllm_rs, model_dir), tmp_path / "s")
