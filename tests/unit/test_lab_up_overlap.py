@@ -24,7 +24,7 @@ def bring_up(tmp_path, monkeypatch):
     monkeypatch.setattr(hosts, "run", lambda cmd, **kw: None)
     monkeypatch.setattr(store, "ensure_started", lambda d: None)
     staged = []
-    monkeypatch.setattr(stage, "stage_all", lambda *a, **k: staged.append(k) or {"model": 0.0})
+    monkeypatch.setattr(stage, "stage_all", lambda *a: staged.append(a) or {"model": 0.0})
     return tmp_path, staged
 
 
@@ -39,12 +39,13 @@ def test_the_wheelhouse_is_staged_while_the_image_builds(bring_up, monkeypatch):
         seen_during_image.append(wheels_started.wait(timeout=10))
         return "localhost/pdctl-lab:t"
 
-    monkeypatch.setattr(stage, "ensure_wheels", lambda lab, inv: wheels_started.set())
+    wheel_runs = []
+    monkeypatch.setattr(stage, "ensure_wheels", lambda lab, inv: wheel_runs.append(lab) or wheels_started.set())
     monkeypatch.setattr(image, "ensure", build_image)
 
     assert hosts.up() == 0
     assert seen_during_image == [True], "the wheelhouse did not start before the image build ended"
-    assert staged == [{"wheels": False}], "stage_all staged the wheelhouse a second time"
+    assert len(staged) == 1 and len(wheel_runs) == 1, "the wheelhouse was staged %d times" % len(wheel_runs)
     timings = json.loads((lab_dir / "up-timings.json").read_text())
     assert {"image", "hosts", "wheelhouse", "wheelhouse_wait", "model"} <= set(timings), timings
 

@@ -240,7 +240,7 @@ def _up(inventory_dir: Path | None) -> int:
         t = time.monotonic()
         timings["wheelhouse"] = wheels.result()  # its own seconds, beside the image
         timings["wheelhouse_wait"] = time.monotonic() - t  # what the bring-up waited for it afterwards
-        timings.update(stage.stage_all(lab_dir(), inventory_path(), store.GATEWAY, wheels=False))
+        timings.update(stage.stage_all(lab_dir(), inventory_path(), store.GATEWAY))
         t = time.monotonic()
         for host in hosts:
             _wait_ssh(host, key, known_hosts)

@@ -230,18 +230,14 @@ def ensure_gate_inputs(lab_dir: Path, inventory_dir: Path) -> None:
     _link(lab_dir / "tools" / "vllm-rs", Path(tools.ensure_vllm_rs()))
 
 
-def stage_all(lab_dir: Path, inventory_dir: Path, bind: str, wheels: bool = True) -> dict[str, float]:
-    """Stage everything (the wheelhouse only with `wheels`: `pdctl lab up` stages it beside the image);
-    return the seconds each step took."""
+def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> dict[str, float]:
+    """Stage everything but the wheelhouse (`pdctl lab up` stages it beside the image build:
+    ensure_wheels); return the seconds each step took."""
     timings = {}
-    steps = [("secrets", lambda: ensure_secrets(lab_dir)),
-             ("tls", lambda: tls.ensure(lab_dir, inventory_dir)),
-             ("wheelhouse", lambda: ensure_wheels(lab_dir, inventory_dir)),
-             ("model", lambda: ensure_model(lab_dir, bind)),
-             ("gate_inputs", lambda: ensure_gate_inputs(lab_dir, inventory_dir))]
-    for name, step in steps:
-        if name == "wheelhouse" and not wheels:
-            continue
+    for name, step in (("secrets", lambda: ensure_secrets(lab_dir)),
+                       ("tls", lambda: tls.ensure(lab_dir, inventory_dir)),
+                       ("model", lambda: ensure_model(lab_dir, bind)),
+                       ("gate_inputs", lambda: ensure_gate_inputs(lab_dir, inventory_dir))):
         t0 = time.monotonic()
         step()
         timings[name] = time.monotonic() - t0
