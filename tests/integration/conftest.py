@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
+import first_converge
 from collection_build import installed_collection  # noqa: F401  (a fixture)
+from first_converge import LAB_ENV, LAB_INVENTORY
 from inventories import ROOT
 from pdctl import runner
-
-LAB_INVENTORY = ROOT / "inventories" / "lab"
-LAB_ENV = {"PDCTL_LAB_DIR": str(ROOT / ".lab")}
 
 
 @pytest.fixture(scope="session")
@@ -26,14 +25,10 @@ def lab():
 
 @pytest.fixture(scope="session")
 def converged_lab(lab):
-    """site.yml applied once to the lab; the result of that first run."""
-    try:
-        result = runner.run_playbook("site.yml", lab, envvars=LAB_ENV)
-    finally:
-        # scripts/test starts ansible-lint and ansible-test once the first converge, the lab phase's
-        # busiest minutes, is over (PDCTL_CONVERGED_MARK names the file they wait for).
-        if os.environ.get("PDCTL_CONVERGED_MARK"):
-            Path(os.environ["PDCTL_CONVERGED_MARK"]).touch()
+    """site.yml applied once to the lab; the result of that first run (scripts/test runs it beside the
+    tests that need no lab and names its saved result in $PDCTL_FIRST_CONVERGE)."""
+    saved = os.environ.get("PDCTL_FIRST_CONVERGE")
+    result = first_converge.load(Path(saved)) if saved else first_converge.run()
     assert result.ok, "first converge failed:\n%s\n%s" % (result.recap(), result.failures)
     return result
 

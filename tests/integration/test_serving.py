@@ -1,8 +1,10 @@
 """Serving on the lab: P/D through the front door and the real router, restart isolation, pre-switch
 validation, secrets."""
 import json
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -114,10 +116,12 @@ def test_unknown_flag_is_rejected_before_anything_switches(converged_lab, tmp_pa
 def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, second_run, tmp_path):
     key = api_key()
     hub_token = (ROOT / ".lab/secrets/hf-token").read_text().strip()
-    # The runner's artifacts of a full converge and of a second run with --diff (through `pdctl run`:
-    # its JSON summary and JUnit file too), and the gate reports.
+    # The runner's artifacts of a full converge (and its saved result, when scripts/test ran it) and of a
+    # second run with --diff (through `pdctl run`: its JSON summary and JUnit file too), and the gate reports.
     assert second_run.ok
     reports = [second_run.json_path, second_run.junit_path]
+    if os.environ.get("PDCTL_FIRST_CONVERGE"):
+        reports.append(Path(os.environ["PDCTL_FIRST_CONVERGE"]))
     for artifacts in (converged_lab.artifact_dir, second_run.artifact_dir, ROOT / "artifacts" / "gates"):
         reports += list(artifacts.rglob("*"))
     for path in (p for p in reports if p.is_file() and p.suffix != ".png"):
