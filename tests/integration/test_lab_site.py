@@ -1,5 +1,7 @@
 """site.yml on the lab hosts: converge, idempotence, truthful check mode, preflight rejections, and
 `pdctl run` (JSON, JUnit, exit codes) from the installed collection."""
+import os
+import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -51,6 +53,35 @@ def test_pdctl_run_names_a_failing_gate_with_exit_3(converged_lab, lab, tmp_path
     assert run.doc["gates"]["accuracy"]["passed"] is True
     messages = [f.get("message") for f in ET.parse(run.junit_path).getroot().iter("failure")]
     assert len(messages) == 1 and messages[0].startswith("gate failed (sla)"), messages
+
+
+# A name that another unit wants and no unit file provides: systemd holds it in memory (not-found,
+# inactive) for as long as the wanting unit is loaded, as it holds for a while any name a task asked about.
+GHOST_DROPIN = "/etc/systemd/system/multi-user.target.d/pdctl-test-ghost.conf"
+
+
+def test_an_unchanged_deployment_reports_the_last_gate_verdict(converged_lab, lab):
+    """A run that changed nothing the gates measure reports the last accepted verdict instead of measuring,
+    even where systemd holds an inactive pdctl-* name in memory (it comes and goes as systemd collects it,
+    so it must not count as a change of the deployment)."""
+    first = runner.run_playbook("site.yml", lab, tags="gates", envvars=LAB_ENV)
+    assert first.ok, first.failures
+    host = "lab-decode-0"
+    subprocess.run(["podman", "exec", host, "sh", "-c",
+                    "mkdir -p %s && printf '[Unit]\\nWants=pdctl-test-ghost.service\\n' > %s && systemctl daemon-reload"
+                    % (os.path.dirname(GHOST_DROPIN), GHOST_DROPIN)], check=True)
+    try:
+        listed = subprocess.run(["podman", "exec", host, "systemctl", "list-units", "--all", "--plain", "--no-legend",
+                                 "pdctl-test-ghost.service"], capture_output=True, text=True, check=True).stdout
+        assert "not-found" in listed, listed
+        again = runner.run_playbook("site.yml", lab, tags="gates", envvars=LAB_ENV)
+    finally:
+        subprocess.run(["podman", "exec", host, "sh", "-c", "rm -f %s && systemctl daemon-reload" % GHOST_DROPIN],
+                       check=True)
+    assert again.ok, again.failures
+    assert again.gates == {}, "measured again on an unchanged deployment: %s" % sorted(again.gates)
+    (verdict,) = again.task_results("Both gates passed").values()
+    assert "Rollout accepted on the last verdict" in verdict["msg"], verdict["msg"]
 
 
 def test_check_diff_on_converged_lab_reports_nothing(check_run):
