@@ -67,9 +67,11 @@ def test_fabric_manager_version_skew_fails_before_any_install(host_stack, tmp_pa
         assert "Nothing was installed" in f["msg"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def restore_lab_hardware(lab):
-    """After a fault test, put the lab's normal hardware profile back (lab_hardware only)."""
+    """After this module's fault tests, the lab's normal hardware profile back (lab_hardware only): once,
+    since lab_hardware writes the whole profile and device tree from the inventory, so each fault test's
+    run replaces the last one's fault (as test_faults_lab.restore_engine does for engine profiles)."""
     yield
     result = runner.run_playbook("playbooks/host_stack.yml", lab, tags="lab_hardware", limit=FAULTY,
                                  envvars=LAB_ENV)

@@ -38,6 +38,7 @@ def test_default_scenario_runs_every_scenario_verify():
 
 
 @pytest.mark.lab
+@pytest.mark.own_host
 @pytest.mark.slow
 def test_role_scenarios_in_one_bring_up():
     env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
