@@ -67,3 +67,30 @@ def test_a_port_held_by_a_stranger_is_an_error_naming_the_log(registry):
         port = stranger.getsockname()[1]
         with pytest.raises(RuntimeError, match="probe exited .* before serving; see .*probe.log"):
             daemon.start(lab, "probe", server(port, "first"), "http://127.0.0.1:%d/" % port, timeout=5)
+
+
+@pytest.mark.parametrize("recorded", ["12345", None], ids=["another-start-time", "no-start-time"])
+def test_a_recorded_pid_now_held_by_another_process_is_left_alone(registry, recorded):
+    """The server recorded by another checkout died and its pid went to an unrelated process (pids wrap
+    around): starting ours must not stop that process, and the registry must not report it as the server."""
+    import json
+    import subprocess
+
+    lab = registry / "first"
+    lab.mkdir()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        entry = {"pid": bystander.pid, "lab_dir": str(registry / "gone" / ".lab")}
+        if recorded:
+            entry["start_time"] = recorded
+        (daemon.registry_dir() / "probe.json").write_text(json.dumps(entry))
+        assert daemon.owner("probe") is None
+        port = free_port()
+        url = "http://127.0.0.1:%d/" % port
+        assert daemon.start(lab, "probe", server(port, "first"), url) is True
+        assert read(url) == "first"
+        assert bystander.poll() is None, "a process that only reused the recorded pid was stopped"
+        assert daemon.owner("probe")["pid"] == daemon.running_pid(lab, "probe") != bystander.pid
+    finally:
+        bystander.kill()
+        bystander.wait()

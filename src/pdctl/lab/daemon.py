@@ -40,14 +40,30 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _start_time(pid: int) -> str | None:
+    """When the process started (field 22 of /proc/<pid>/stat, clock ticks since boot)."""
+    try:
+        return Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def owner(name: str) -> dict | None:
-    """{'pid', 'lab_dir'} of the running server called name, whichever checkout started it."""
+    """{'pid', 'lab_dir', 'start_time'} of the running server called name, whichever checkout started it.
+
+    None once that process is gone. Pids wrap around (32768 on a default kernel, soon reached by a test
+    run), so a recorded pid alone may name an unrelated process by now: it would be stopped as a "server"
+    to take over. The start time recorded with it tells them apart; an entry without one (written before
+    it was recorded) is not trusted.
+    """
     try:
         entry = json.loads((registry_dir() / ("%s.json" % name)).read_text())
         pid = int(entry["pid"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
-    return entry if _alive(pid) else None
+    if not _alive(pid) or entry.get("start_time") != _start_time(pid):
+        return None
+    return entry
 
 
 def running_pid(lab_dir: Path, name: str) -> int | None:
@@ -84,7 +100,8 @@ def start(lab_dir: Path, name: str, argv: list[str], probe_url: str, ok_codes=(2
     log_path = lab_dir / ("%s.log" % name)
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-    (registry_dir() / ("%s.json" % name)).write_text(json.dumps({"pid": proc.pid, "lab_dir": str(lab_dir)}))
+    (registry_dir() / ("%s.json" % name)).write_text(json.dumps(
+        {"pid": proc.pid, "lab_dir": str(lab_dir), "start_time": _start_time(proc.pid)}))
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
