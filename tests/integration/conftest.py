@@ -76,29 +76,55 @@ class RunOutcome:
                          for h, c in sorted(self.doc["hosts"].items())) + "\n" + self.stderr[-3000:]
 
 
+def pdctl_run_start(tmp_path, playbook, inventory, *extra, env=None):
+    """`pdctl run` as CI calls it, started; the returned function waits for it and returns a RunOutcome.
+    Its output goes to files, not pipes: a full pipe would stop it until the caller reads."""
+    json_path, junit_path = tmp_path / "summary.json", tmp_path / "junit.xml"
+    stdout, stderr = tmp_path / "pdctl-run.out", tmp_path / "pdctl-run.err"
+    with stdout.open("w") as out, stderr.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pdctl.cli", "run", str(playbook), "-i", str(inventory),
+                                 "--json", str(json_path), "--junit", str(junit_path),
+                                 "--artifacts", str(tmp_path / "runner"), *extra],
+                                cwd=ROOT, env=dict(os.environ, **LAB_ENV, **(env or {})), stdout=out, stderr=err)
+
+    def outcome():
+        proc.wait()
+        return RunOutcome(proc.returncode, json_path, junit_path, stderr.read_text())
+    return outcome
+
+
 def pdctl_run(tmp_path, playbook, inventory, *extra, env=None):
     """`pdctl run` as CI calls it; returns a RunOutcome."""
-    json_path, junit_path = tmp_path / "summary.json", tmp_path / "junit.xml"
-    res = subprocess.run([sys.executable, "-m", "pdctl.cli", "run", str(playbook), "-i", str(inventory),
-                          "--json", str(json_path), "--junit", str(junit_path),
-                          "--artifacts", str(tmp_path / "runner"), *extra],
-                         cwd=ROOT, env=dict(os.environ, **LAB_ENV, **(env or {})), capture_output=True, text=True)
-    return RunOutcome(res.returncode, json_path, junit_path, res.stderr)
+    return pdctl_run_start(tmp_path, playbook, inventory, *extra, env=env)()
 
 
 @pytest.fixture(scope="session")
-def second_run(converged_lab, lab, installed_collection, tmp_path_factory):
-    """site.yml again, with --diff, from the installed collection through `pdctl run` and a playbook
-    outside the repository: must change nothing (and its artifacts are searched for secrets)."""
+def runs_on_the_converged_lab(converged_lab, lab, installed_collection, tmp_path_factory):
+    """The two runs that must find nothing to do on the converged lab, at the same time (each waits on
+    its hosts about half its time; one after the other they took 100 s of the lab phase's 20 min):
+      - site.yml again, with --diff, from the installed collection through `pdctl run` and a playbook
+        outside the repository (its artifacts are searched for secrets);
+      - site.yml --check --diff.
+    Neither may change anything, so neither can disturb the other: a run that changes something fails
+    its own test, whichever order they took."""
     work = tmp_path_factory.mktemp("second-run")
     playbook = work / "deploy.yml"
     playbook.write_text(EXTERNAL_PLAYBOOK)
     # Only the installed copy is visible: not this checkout's link in the virtualenv.
     env = {"ANSIBLE_COLLECTIONS_PATH": str(installed_collection), "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false"}
-    return pdctl_run(work, playbook, lab, "--diff", "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"), env=env)
+    second = pdctl_run_start(work, playbook, lab, "--diff", "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"),
+                             env=env)
+    check = runner.run_playbook("site.yml", lab, check=True, diff=True, envvars=LAB_ENV)
+    return second(), check
 
 
 @pytest.fixture(scope="session")
-def check_run(converged_lab, lab):
-    """site.yml --check --diff on the converged lab."""
-    return runner.run_playbook("site.yml", lab, check=True, diff=True, envvars=LAB_ENV)
+def second_run(runs_on_the_converged_lab):
+    """site.yml again through `pdctl run` (a RunOutcome): must change nothing."""
+    return runs_on_the_converged_lab[0]
+
+
+@pytest.fixture(scope="session")
+def check_run(runs_on_the_converged_lab):
+    """site.yml --check --diff on the converged lab (a PlaybookResult)."""
+    return runs_on_the_converged_lab[1]

@@ -117,9 +117,10 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
     key = api_key()
     hub_token = (ROOT / ".lab/secrets/hf-token").read_text().strip()
     # The runner's artifacts of a full converge (and its saved result, when scripts/test ran it) and of a
-    # second run with --diff (through `pdctl run`: its JSON summary and JUnit file too), and the gate reports.
+    # second run with --diff (through `pdctl run`: its JSON summary, JUnit file and console output too), and
+    # the gate reports.
     assert second_run.ok
-    reports = [second_run.json_path, second_run.junit_path]
+    reports = [second_run.json_path, second_run.junit_path, *second_run.json_path.parent.glob("pdctl-run.*")]
     if os.environ.get("PDCTL_FIRST_CONVERGE"):
         reports.append(Path(os.environ["PDCTL_FIRST_CONVERGE"]))
     for artifacts in (converged_lab.artifact_dir, second_run.artifact_dir, ROOT / "artifacts" / "gates"):
