@@ -14,6 +14,16 @@ from inventories import ROOT
 from pdctl import runner
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test item learns whether its call passed (item.call_passed), for fixtures whose clean-up only
+    repairs what a failed test left."""
+    report = yield
+    if report.when == "call":
+        item.call_passed = report.passed
+    return report
+
+
 @pytest.fixture(scope="session")
 def lab():
     """The three lab hosts, up (built once; reused if already running)."""

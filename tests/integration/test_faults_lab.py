@@ -160,12 +160,21 @@ def test_crash_fault_restarts_the_instances_while_the_router_serves_around_them(
     """The stand-in's crash fault (exit after N requests, as an engine dying mid-service) on FAULTY's two
     instances: systemd restarts them, and requests fail only right after a crash (the journal's time of
     each crash), never while an instance is down or after it is back."""
-    result, _ = apply_vllm(faulty_inventory(tmp_path, "crash", {"crash_after_requests": 40}))
+    result, _ = apply_vllm(faulty_inventory(tmp_path, "crash", {"crash_after_requests": 20}))
     assert result.ok, result.failures
     before = {n: unit_state(FAULTY, n) for n in INSTANCES[FAULTY]}
+
+    def all_restarted():
+        return all(int(unit_state(FAULTY, n)["NRestarts"]) > int(before[n]["NRestarts"]) for n in INSTANCES[FAULTY])
+
     started = time.time()
     with StreamLoad(FRONTDOOR, client_key(), clients=8, verify=CA) as load:
-        time.sleep(30)
+        # Until systemd has started each instance again (RestartSec=10 after its crash), then a while
+        # longer: requests must not fail once an instance is back either.
+        deadline = time.monotonic() + 90
+        while not all_restarted() and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(6)
     summary = load.summary()
     after = {n: unit_state(FAULTY, n) for n in INSTANCES[FAULTY]}
     crashes = []

@@ -214,7 +214,9 @@ def _up(inventory_dir: Path | None) -> int:
                     and _container_label(host.name, OPTIONS_LABEL) == digest):
                 continue
             if state is not None:
-                run(["podman", "rm", "-f", host.name])
+                # Replaced, not shut down: without -t 0 podman waits out its 10 s stop timeout per host
+                # (systemd stops the serving units, whose drain allows minutes) before it kills.
+                run(["podman", "rm", "-f", "-t", "0", host.name])
             # A real filesystem at the model path, as production hosts have (NVMe array at /mnt/model).
             model_volume = lab_dir() / "volumes" / host.name / "model"
             model_volume.mkdir(parents=True, exist_ok=True)
