@@ -67,8 +67,9 @@ EXTERNAL_PLAYBOOK = """\
 class RunOutcome:
     """What `pdctl run` wrote (its JSON summary and JUnit file), read like a PlaybookResult."""
 
-    def __init__(self, rc, json_path, junit_path, stderr):
+    def __init__(self, rc, json_path, junit_path, stderr, outputs=()):
         self.rc, self.json_path, self.junit_path, self.stderr = rc, json_path, junit_path, stderr
+        self.outputs = list(outputs)  # the files its console output went to
         self.doc = json.loads(json_path.read_text())
         self.failures = self.doc["failed_tasks"]
         self.artifact_dir = Path(self.doc["artifact_dir"]) if self.doc.get("artifact_dir") else None
@@ -99,7 +100,7 @@ def pdctl_run_start(tmp_path, playbook, inventory, *extra, env=None):
 
     def outcome():
         proc.wait()
-        return RunOutcome(proc.returncode, json_path, junit_path, stderr.read_text())
+        return RunOutcome(proc.returncode, json_path, junit_path, stderr.read_text(), outputs=(stdout, stderr))
     return outcome
 
 

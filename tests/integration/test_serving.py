@@ -120,7 +120,7 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
     # second run with --diff (through `pdctl run`: its JSON summary, JUnit file and console output too), and
     # the gate reports.
     assert second_run.ok
-    reports = [second_run.json_path, second_run.junit_path, *second_run.json_path.parent.glob("pdctl-run.*")]
+    reports = [second_run.json_path, second_run.junit_path, *second_run.outputs]
     if os.environ.get("PDCTL_FIRST_CONVERGE"):
         reports.append(Path(os.environ["PDCTL_FIRST_CONVERGE"]))
     for artifacts in (converged_lab.artifact_dir, second_run.artifact_dir, ROOT / "artifacts" / "gates"):
