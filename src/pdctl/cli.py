@@ -48,8 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from pdctl import runner
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except runner.RunnerError as exc:
+        print("pdctl %s: %s" % (args.command, exc), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,16 @@ from pdctl import collection
 GATE_ACTIONS = {"pdctl.vllm_pd.sla_gate": "sla", "pdctl.vllm_pd.accuracy_gate": "accuracy"}
 # host_stack.yml's report of the prefill hosts it quarantined (pdctl_min_prefill_instances).
 QUARANTINE_REPORT_TASK = "Report the quarantined hosts"
+# How long ansible-runner's read loop waits for the playbook's output to end before it looks again. With its
+# default (5 s), a playbook that exits while its last output is still unread reaches ansible-runner's final
+# read, which gives up after a fixed 5 s and raises pexpect's TIMEOUT (ansible/ansible-runner#1343): on a
+# busy controller (CI, a low-priority job) a successful run became a traceback. With a long wait the loop
+# itself reads to the end of the output; nothing else waits on it (no prompts, no cancel callback).
+OUTPUT_END_WAIT_S = 300
+
+
+class RunnerError(RuntimeError):
+    """ansible-runner could not report the run: the playbook's result is unknown."""
 
 
 @dataclass
@@ -115,6 +125,7 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
     import sys
 
     import ansible_runner
+    import pexpect
 
     # ansible-runner starts `ansible-playbook` from PATH: make it this environment's.
     bindir = os.path.dirname(sys.executable)
@@ -133,20 +144,29 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
     env = {"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0"}
     env.update(envvars or {})
     book = Path(playbook) if Path(playbook).is_absolute() else root / playbook
-    r = ansible_runner.run(
-        private_data_dir=pdd,
-        project_dir=str(book.parent if Path(playbook).is_absolute() else root),
-        playbook=str(book),
-        inventory=str(Path(inventory).resolve()),
-        extravars=extravars or {},
-        tags=tags,
-        limit=limit,
-        cmdline=" ".join(shlex.quote(c) for c in cmdline) or None,
-        envvars=env,
-        quiet=quiet,
-        suppress_env_files=True,
-        event_handler=recorder,
-    )
+    # Through the private data dir's env/settings: ansible-runner 2.4 drops a `settings` argument when that
+    # file is absent.
+    (Path(pdd) / "env").mkdir(parents=True, exist_ok=True)
+    (Path(pdd) / "env" / "settings").write_text(json.dumps({"pexpect_timeout": OUTPUT_END_WAIT_S}) + "\n")
+    try:
+        r = ansible_runner.run(
+            private_data_dir=pdd,
+            project_dir=str(book.parent if Path(playbook).is_absolute() else root),
+            playbook=str(book),
+            inventory=str(Path(inventory).resolve()),
+            extravars=extravars or {},
+            tags=tags,
+            limit=limit,
+            cmdline=" ".join(shlex.quote(c) for c in cmdline) or None,
+            envvars=env,
+            quiet=quiet,
+            suppress_env_files=True,
+            event_handler=recorder,
+        )
+    except pexpect.exceptions.TIMEOUT:
+        raise RunnerError("%s: ansible-playbook exited, but its output was not read to the end within %d s "
+                          "(is the controller starved of CPU?), so its result is unknown; the events read so far "
+                          "are under %s" % (playbook, OUTPUT_END_WAIT_S, pdd)) from None
     return PlaybookResult(rc=r.rc, status=r.status, stats=r.stats or {}, artifact_dir=Path(r.config.artifact_dir),
                           failures=recorder.failures, outcomes=list(recorder.outcomes.values()),
                           gates=recorder.gates, quarantine=recorder.quarantine)
