@@ -17,7 +17,8 @@ QUARANTINE_REPORT_TASK = "Report the quarantined hosts"
 # default (5 s), a playbook that exits while its last output is still unread reaches ansible-runner's final
 # read, which gives up after a fixed 5 s and raises pexpect's TIMEOUT (ansible/ansible-runner#1343): on a
 # busy controller (CI, a low-priority job) a successful run became a traceback. With a long wait the loop
-# itself reads to the end of the output; nothing else waits on it (no prompts, no cancel callback).
+# itself reads to the end of the output; nothing else waits on it (no prompts, no cancel callback). Output
+# the terminal delivers only after the loop saw the playbook's end still gets ansible-runner's last 5 s.
 OUTPUT_END_WAIT_S = 300
 
 

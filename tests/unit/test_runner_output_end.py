@@ -1,7 +1,7 @@
 """pdctl.runner.run_playbook when the reader of the playbook's output falls behind (a starved controller):
 ansible-runner reads that output through a terminal, and by itself gives up 5 s after its read loop's own
-5 s (ansible/ansible-runner#1343). A stand-in `ansible-playbook` on PATH prints its lines and exits at once;
-a slow progress callback makes the reader slow."""
+5 s (ansible/ansible-runner#1343). A stand-in `ansible-playbook` on PATH writes its lines at once and exits a
+second later (its output is in the terminal by then, unread); a slow progress callback makes the reader slow."""
 import os
 import sys
 import time
@@ -19,7 +19,8 @@ def playbook(tmp_path, monkeypatch):
         bindir = tmp_path / "bin"
         bindir.mkdir()
         script = bindir / "ansible-playbook"
-        script.write_text("#!/bin/sh\nfor i in $(seq %d); do echo %s; done\nexit 0\n" % (lines, LINE))
+        (tmp_path / "output").write_text((LINE + "\n") * lines)
+        script.write_text("#!/bin/sh\ncat %s\nsleep 1\nexit 0\n" % (tmp_path / "output"))
         script.chmod(0o755)
         # The stand-in first; this interpreter's bin dir on PATH too, so run_playbook leaves PATH alone.
         monkeypatch.setenv("PATH", os.pathsep.join([str(bindir), os.path.dirname(sys.executable),
