@@ -165,9 +165,9 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
             event_handler=recorder,
         )
     except pexpect.exceptions.TIMEOUT:
-        raise RunnerError("%s: ansible-playbook exited, but its output was not read to the end within %d s "
-                          "(is the controller starved of CPU?), so its result is unknown; the events read so far "
-                          "are under %s" % (playbook, OUTPUT_END_WAIT_S, pdd)) from None
+        raise RunnerError("%s: ansible-playbook exited, but ansible-runner gave up reading its output before the "
+                          "end (is the controller starved of CPU? ansible/ansible-runner#1343), so its result is "
+                          "unknown; the events read so far are under %s" % (playbook, pdd)) from None
     return PlaybookResult(rc=r.rc, status=r.status, stats=r.stats or {}, artifact_dir=Path(r.config.artifact_dir),
                           failures=recorder.failures, outcomes=list(recorder.outcomes.values()),
                           gates=recorder.gates, quarantine=recorder.quarantine)
