@@ -282,12 +282,22 @@ def test_idle_from_the_start_still_settles(metrics, capsys):
     assert 0.5 <= res["waited_s"] < 15 and len(metrics.reads) >= 2
 
 
-def test_a_read_slower_than_the_quiet_window_is_confirmed_by_another():
-    """A busy machine: the first read alone takes longer than settle_s. One quiet read is no quiet
-    window: a second read, made after it, has to find the instance quiet too (in CI beside the lab,
-    the module returned after one read)."""
+def drain_on_clock(read, now):
+    """instance_drain on a scripted clock: now[0] is the time; sleeping and read() move it on."""
     from ansible_collections.pdctl.vllm_pd.plugins.modules import instance_drain
 
+    def sleep(seconds):
+        now[0] += seconds
+
+    return instance_drain.run({"url": "http://x/metrics", "settle_s": 0.5, "timeout": 10, "poll_s": 0.125}, False,
+                              read=read, clock=lambda: now[0], sleep=sleep)
+
+
+def test_a_read_slower_than_the_quiet_window_is_confirmed_by_another():
+    """A busy machine: the first read alone takes longer than settle_s. One quiet read is no quiet
+    window: a read sent settle_s or more after it came back has to find the instance quiet too (in CI
+    beside the lab, the module returned after one read). The second read, sent 0.125 s after the first
+    came back, confirms nothing yet."""
     now, reads = [0.0], []
 
     def read(url):
@@ -295,19 +305,32 @@ def test_a_read_slower_than_the_quiet_window_is_confirmed_by_another():
         reads.append(now[0])
         return (0, 0)
 
-    def sleep(seconds):
-        now[0] += seconds
+    res = drain_on_clock(read, now)
+    assert len(reads) == 3 and res["running"] == 0 and res["waiting"] == 0, (reads, res)
 
-    res = instance_drain.run({"url": "http://x/metrics", "settle_s": 0.5, "timeout": 10, "poll_s": 0.125}, False,
-                             read=read, clock=lambda: now[0], sleep=sleep)
-    assert len(reads) == 2 and res["running"] == 0 and res["waiting"] == 0, (reads, res)
+
+def test_a_quiet_read_that_comes_back_late_starts_the_quiet_when_it_came_back():
+    """A read sees the instance at some moment between its send and its reply. The quiet is known to
+    have begun only by the reply: counted from the send, a slow reply shortened the observed quiet to
+    0.24 s of a 0.5 s settle_s in CI. Scripted: the first quiet read is served 0.25 s after its send."""
+    pages, served, now = [(1, 0), (0, 0)], [], [0.0]
+
+    def read(url):
+        page = pages.pop(0) if len(pages) > 1 else pages[0]
+        if page == (0, 0) and not any(p == (0, 0) for t, p in served):
+            now[0] += 0.25   # the server answers late; the page is what it was when served
+        served.append((now[0], page))
+        return page
+
+    res = drain_on_clock(read, now)
+    quiet = [t for t, page in served if page == (0, 0)]
+    assert res == dict(res, running=0, waiting=0)
+    assert quiet[0] == 0.375 and quiet[-1] - quiet[0] >= 0.5, served   # binary-exact steps of 0.125
 
 
 def test_a_request_during_the_quiet_starts_it_over():
     """On the module's own clock, scripted here: over HTTP, a machine too busy to poll on time could let
     the quiet end before the busy read came (it did, in CI beside the lab)."""
-    from ansible_collections.pdctl.vllm_pd.plugins.modules import instance_drain
-
     pages, reads, now = [(0, 0), (0, 0), (1, 0), (0, 0)], [], [0.0]
 
     def read(url):
@@ -315,12 +338,8 @@ def test_a_request_during_the_quiet_starts_it_over():
         reads.append((now[0], page))
         return page
 
-    def sleep(seconds):
-        now[0] += seconds
-
     # Binary-exact steps: reads at 0, 0.125 (quiet), 0.25 (busy), then quiet again from 0.375.
-    res = instance_drain.run({"url": "http://x/metrics", "settle_s": 0.5, "timeout": 10, "poll_s": 0.125}, False,
-                             read=read, clock=lambda: now[0], sleep=sleep)
+    res = drain_on_clock(read, now)
     assert [t for t, page in reads if page != (0, 0)] == [0.25]
     assert res == dict(res, running=0, waiting=0, waited_s=0.88)  # 0.375 + 0.5 (round(0.875, 2))
     assert reads[-1][0] == 0.875 and all(page == (0, 0) for t, page in reads if t > 0.25)
