@@ -37,7 +37,7 @@ def registry(tmp_path, monkeypatch):
 def read(url):
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=5) as resp:
+    with urllib.request.urlopen(url, timeout=60) as resp:
         return resp.read().decode()
 
 
@@ -66,7 +66,7 @@ def test_a_port_held_by_a_stranger_is_an_error_naming_the_log(registry):
         stranger.listen()
         port = stranger.getsockname()[1]
         with pytest.raises(RuntimeError, match="probe exited .* before serving; see .*probe.log"):
-            daemon.start(lab, "probe", server(port, "first"), "http://127.0.0.1:%d/" % port, timeout=5)
+            daemon.start(lab, "probe", server(port, "first"), "http://127.0.0.1:%d/" % port, timeout=60)
 
 
 @pytest.mark.parametrize("recorded", ["12345", None], ids=["another-start-time", "no-start-time"])
