@@ -36,7 +36,7 @@ def test_the_wheelhouse_is_staged_while_the_image_builds(bring_up, monkeypatch):
     def build_image(opts):
         # The image build waits (as on the mirror) until the wheelhouse has started: only concurrent steps
         # get past this; a sequential bring-up would wait the whole timeout and record False.
-        seen_during_image.append(wheels_started.wait(timeout=10))
+        seen_during_image.append(wheels_started.wait(timeout=60))
         return "localhost/pdctl-lab:t"
 
     wheel_runs = []
