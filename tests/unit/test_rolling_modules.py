@@ -270,7 +270,7 @@ def test_waits_for_the_engines_to_empty_then_for_settle_s(metrics, capsys):
     first_idle = next(i for i, (dummy, page) in enumerate(metrics.reads) if page is IDLE)
     assert first_idle == 3   # one engine still waiting kept it busy
     quiet = metrics.reads[-1][0] - metrics.reads[first_idle][0]
-    assert 0.4 <= quiet < 10   # it settled for settle_s (the upper bound only says it returned)
+    assert 0.5 <= quiet < 60   # it settled for settle_s (the upper bound only says it returned)
     assert all(page is IDLE for dummy, page in metrics.reads[first_idle:])
     assert res["waited_s"] >= 0.3 + 0.4
 
