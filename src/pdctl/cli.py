@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
+from pdctl import runner
 
 EXIT_INVALID = 2  # the inventory (or other input) was rejected before anything changed
 
@@ -48,7 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from pdctl import runner
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -147,8 +147,9 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
     book = Path(playbook) if Path(playbook).is_absolute() else root / playbook
     # Through the private data dir's env/settings: ansible-runner 2.4 drops a `settings` argument when that
     # file is absent.
-    (Path(pdd) / "env").mkdir(parents=True, exist_ok=True)
-    (Path(pdd) / "env" / "settings").write_text(json.dumps({"pexpect_timeout": OUTPUT_END_WAIT_S}) + "\n")
+    env_dir = Path(pdd) / "env"
+    env_dir.mkdir(parents=True, exist_ok=True)
+    (env_dir / "settings").write_text(json.dumps({"pexpect_timeout": OUTPUT_END_WAIT_S}) + "\n")
     try:
         r = ansible_runner.run(
             private_data_dir=pdd,
