@@ -19,22 +19,7 @@ description:
   - Writes accuracy.json, accuracy.md, accuracy_items.jsonl and accuracy.png under O(artifacts_dir).
     GPQA items appear there by record id and hash only.
 version_added: "0.1.0"
-author:
-  - pdctl contributors (!UNKNOWN)
 options:
-  ca_file:
-    description:
-      - CA bundle that signed the front door's certificate (the inventory's C(pdctl_frontdoor_ca_file)); default the system's.
-    type: path
-  api_key:
-    description:
-      - Bearer token for the router (the P/D router forwards it to the instances, which require it).
-      - Never logged.
-    type: str
-  router_url:
-    description: Base URL of the router, for example C(http://10.0.0.13:8000) (the planner's C(frontdoor.url)).
-    type: str
-    required: true
   model:
     description: Served model name; defaults to the first model the router lists.
     type: str
@@ -68,20 +53,13 @@ options:
         C(samples), C(repeats), C(expected_accuracy), C(floor), C(max_tokens), C(buckets).
     type: dict
     default: {}
-  artifacts_dir:
-    description: Report directory.
-    type: path
-    required: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - pdctl.vllm_pd.attributes
+  - pdctl.vllm_pd.gate_client
 attributes:
-  platform:
-    platforms: posix
   check_mode:
-    support: full
     details: Validates the inputs and runs nothing.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

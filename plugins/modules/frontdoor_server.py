@@ -54,16 +54,10 @@ options:
     default: /run/haproxy/admin.sock
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - pdctl.vllm_pd.attributes
 attributes:
-  platform:
-    platforms: posix
   check_mode:
-    support: full
     details: Reports whether the state would change; sets nothing and does not wait.
-  diff_mode:
-    support: none
-author:
-  - pdctl contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

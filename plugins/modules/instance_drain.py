@@ -42,16 +42,10 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - pdctl.vllm_pd.attributes
 attributes:
-  platform:
-    platforms: posix
   check_mode:
-    support: full
     details: Reads once and reports; does not wait.
-  diff_mode:
-    support: none
-author:
-  - pdctl contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

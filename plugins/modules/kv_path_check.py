@@ -82,9 +82,6 @@ options:
     description: Interpreter that can import nixl (and torch for VRAM).
     type: path
     default: /opt/pdctl/venvs/current/bin/python
-  host_label:
-    description: Name used in messages (defaults to the host name); pass C(inventory_hostname).
-    type: str
   label:
     description:
       - Name of the path in messages and results, replacing the default C(host -> peer); the KV-path check
@@ -92,15 +89,8 @@ options:
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  platform:
-    platforms: posix
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - pdctl contributors (!UNKNOWN)
+  - pdctl.vllm_pd.attributes
+  - pdctl.vllm_pd.host_label
 """
 
 EXAMPLES = r"""

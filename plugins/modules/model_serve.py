@@ -16,8 +16,6 @@ description:
     against it. Receivers verify every byte against the manifest, so the transport needs no integrity of its own.
   - Nothing but the manifest's files is reachable. Refuses to start unless the revision is verified.
 version_added: "0.1.0"
-author:
-  - pdctl contributors (!UNKNOWN)
 options:
   path:
     description: Served model path laid out by M(pdctl.vllm_pd.model_sync).
@@ -48,14 +46,10 @@ options:
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - pdctl.vllm_pd.attributes
 attributes:
-  platform:
-    platforms: posix
   check_mode:
-    support: full
     details: In check mode the server is not started (nothing would change either way).
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

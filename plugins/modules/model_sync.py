@@ -19,8 +19,6 @@ description:
   - Writes one line per fill to C(.<name>.versions/transfers.jsonl) with the bytes read from the source,
     and progress to C(.<name>.versions/progress.log).
 version_added: "0.1.0"
-author:
-  - pdctl contributors (!UNKNOWN)
 options:
   path:
     description: Served model path (becomes a symlink to C(.<name>.versions/<revision>)).
@@ -64,11 +62,9 @@ options:
     default: 1
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - pdctl.vllm_pd.attributes
 attributes:
-  platform:
-    platforms: posix
   check_mode:
-    support: full
     details: Reports what would be fetched (files, bytes) and whether the layout would switch; writes nothing.
   diff_mode:
     support: full

@@ -13,8 +13,6 @@ description:
     size and mtime); with O(full=true) every byte is hashed again on all cores, which also warms the page cache.
   - Fails naming each wrong file with expected and found size or sha256, unless O(fail_on_mismatch=false).
 version_added: "0.1.0"
-author:
-  - pdctl contributors (!UNKNOWN)
 options:
   path:
     description: Served model path laid out by M(pdctl.vllm_pd.model_sync).
@@ -37,14 +35,10 @@ options:
     default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - pdctl.vllm_pd.attributes
 attributes:
-  platform:
-    platforms: posix
   check_mode:
-    support: full
     details: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

@@ -56,20 +56,10 @@ options:
     description: Path or name of the nvidia-smi binary.
     type: str
     default: nvidia-smi
-  host_label:
-    description: Name used in messages (defaults to the host name); pass C(inventory_hostname).
-    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  platform:
-    platforms: posix
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - pdctl contributors (!UNKNOWN)
+  - pdctl.vllm_pd.attributes
+  - pdctl.vllm_pd.host_label
 """
 
 EXAMPLES = r"""

@@ -19,22 +19,7 @@ description:
     (C(delegate_to=localhost), C(run_once=true), C(ansible_python_interpreter="{{ ansible_playbook_python }}")).
     The client itself may run on a serving host through O(exec_prefix) (for example C(ssh decode-0)).
 version_added: "0.1.0"
-author:
-  - pdctl contributors (!UNKNOWN)
 options:
-  ca_file:
-    description:
-      - CA bundle that signed the front door's certificate (the inventory's C(pdctl_frontdoor_ca_file)); default the system's.
-    type: path
-  api_key:
-    description:
-      - Bearer token for the router (the P/D router forwards it to the instances, which require it).
-      - Never logged.
-    type: str
-  router_url:
-    description: Base URL of the router (the planner's C(frontdoor.url)).
-    type: str
-    required: true
   client:
     description: The benchmark command, as a list (default C(config.client), else C([vllm, bench, serve])).
     type: list
@@ -76,20 +61,13 @@ options:
       - Settings of C(pdctl.gates.sla.DEFAULTS), e.g. the inventory's C(pdctl_gate_sla). Options given to the module override them.
     type: dict
     default: {}
-  artifacts_dir:
-    description: Report directory.
-    type: path
-    required: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - pdctl.vllm_pd.attributes
+  - pdctl.vllm_pd.gate_client
 attributes:
-  platform:
-    platforms: posix
   check_mode:
-    support: full
     details: Validates the inputs and runs nothing.
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
