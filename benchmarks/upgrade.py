@@ -3,7 +3,9 @@
 
     .venv/bin/python benchmarks/upgrade.py --scenario flag
 
-8 streaming clients (every request's outcome recorded) run through the front door for the whole
+8 streaming clients (every request's outcome recorded and judged by pdctl.outcome's rule: HTTP 200,
+[DONE], finish_reason stop/length, the token count asked for; failed_by_kind counts status / cut / abort /
+short) run through the front door for the whole
 upgrade, while a sampler reads, every second, which routers the front door sends to and how many
 healthy prefill instances those routers have (min_prefill_capacity). cross_release_pairs is the lab
 decode's count of KV pulls refused across releases, over the run.
@@ -251,6 +253,7 @@ def main():
     decode_pairs.stop()
     summary = load.summary()
     result.update(requests=summary["requests"], failed_requests=summary["failed_requests"],
+                  failed_by_kind=summary["failed_by_kind"],
                   cross_release_pairs=decode_pairs.pairs,
                   min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples),
                   temporary_decode_cross_release_pairs=watcher.pairs)

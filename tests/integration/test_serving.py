@@ -12,7 +12,7 @@ import yaml
 
 from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
-from pdctl import cli, runner
+from pdctl import cli, outcome, runner
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -162,7 +162,8 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
 # ---------------------------------------------------------------- issue 13 item 4: a stop drains
 
 def _stream_until_done(url, body, started, results, key):
-    chunks, finish = 0, None
+    """results[key] = (status, chunks, finish_reason, [DONE], completion tokens, failure kind by pdctl.outcome)."""
+    chunks, reader, status = 0, outcome.StreamReader(), None
     try:
         through_door = url == FRONTDOOR
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120,
@@ -170,17 +171,14 @@ def _stream_until_done(url, body, started, results, key):
                           headers={"Authorization": "Bearer " + (client_key() if through_door else api_key())}) as resp:
             status = resp.status_code
             for line in resp.iter_lines():
-                if line == "data: [DONE]":
-                    results[key] = (status, chunks, finish, True)
-                    return
-                if line.startswith("data: "):
+                reader.feed(line)
+                if line.startswith("data: ") and not reader.done:
                     chunks += 1
                     started.set()
-                    for choice in json.loads(line[6:]).get("choices", []):
-                        finish = choice.get("finish_reason") or finish
-        results[key] = (status, chunks, finish, False)
     except httpx.HTTPError as exc:
-        results[key] = (None, chunks, repr(exc), False)
+        reader.error = reader.error or repr(exc)
+    results[key] = (status, chunks, reader.finish_reason, reader.done, reader.tokens,
+                    reader.kind(status, body["max_tokens"]))
 
 
 @pytest.mark.parametrize("host,instance,url", [
@@ -192,7 +190,7 @@ def test_systemctl_stop_completes_the_streams_in_flight(converged_lab, host, ins
 
     n = 6
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}],
-            "max_tokens": 400, "ignore_eos": True, "stream": True}
+            "max_tokens": 400, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     unit = "pdctl-vllm-%s.service" % instance
     assert "KillMode=mixed" in on_host(host, "systemctl", "cat", unit)
     results, started = {}, [threading.Event() for _ in range(n)]
@@ -206,8 +204,8 @@ def test_systemctl_stop_completes_the_streams_in_flight(converged_lab, host, ins
         for t in threads:
             t.join(120)
         assert len(results) == n
-        for key, (status, chunks, finish, done) in sorted(results.items()):
-            assert status == 200 and done and finish == "length", \
+        for key, (status, chunks, finish, done, tokens, kind) in sorted(results.items()):
+            assert status == 200 and done and finish == "length" and kind is None, \
                 "%s: stream %d cut by the stop: %r" % (instance, key, results[key])
     finally:
         on_host(host, "systemctl", "start", unit)

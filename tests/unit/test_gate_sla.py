@@ -33,7 +33,7 @@ def test_parse_rejects_incomplete_and_derives_failed():
 
 def _result(**kw):
     base = {"input_len": 65536, "concurrency": 8, "num_prompts": 64, "completed": 64, "failed": 0,
-            "mean_ttft_ms": 900.0, "mean_tpot_ms": 17.0}
+            "mean_ttft_ms": 900.0, "mean_tpot_ms": 17.0, "total_output_tokens": 64 * 1024}
     base.update(kw)
     return base
 
@@ -46,6 +46,16 @@ def test_judge_names_context_and_value():
     msgs = sla.judge(_result(mean_ttft_ms=3100.0, failed=2, completed=62), cfg)
     assert any("context 65536: mean TTFT 3100 ms > limit 2500 ms" in m for m in msgs)
     assert any("2 of 64 requests failed" in m for m in msgs)
+
+
+def test_judge_counts_short_answers_as_failures():
+    """The one outcome rule: with --ignore-eos every completed answer has output_len tokens; fewer (an
+    answer aborted with HTTP 200, which the client counts as completed) fails the gate; no count fails too."""
+    cfg = sla.merge_config({})
+    msgs = sla.judge(_result(total_output_tokens=64 * 1024 - 22), cfg)
+    assert msgs == ["context 65536: short answers: 65514 output tokens from 64 completed requests, expected "
+                    "65536 (concurrency 8)"]
+    assert sla.judge(_result(total_output_tokens=None), cfg)
 
 
 def test_bench_argv_exact_lengths_and_saved_result():

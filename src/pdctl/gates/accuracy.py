@@ -15,6 +15,7 @@ import asyncio
 import copy
 import time
 
+from pdctl import outcome
 from pdctl.gates import datasets, prompts, stats
 
 DEFAULTS = {
@@ -123,18 +124,23 @@ async def _ask(client, semaphore, deadline, model, item, repeat, settings, cfg) 
                 model=model, messages=[{"role": "user", "content": item.prompt}],
                 temperature=cfg["temperature"], top_p=cfg["top_p"], max_tokens=int(settings["max_tokens"]))
         except openai.APIStatusError as exc:
-            record.update(status="error", error="HTTP %d" % exc.status_code)
+            record.update(status="error", error="HTTP %d" % exc.status_code, failure_kind="status")
         except (openai.APIError, asyncio.TimeoutError) as exc:
-            record.update(status="error", error=type(exc).__name__)
+            record.update(status="error", error=type(exc).__name__, failure_kind="status")
         else:
             choice = resp.choices[0]
             message = choice.message
             content = message.content or ""
             reasoning = (message.model_extra or {}).get("reasoning") or ""
-            record.update(status="ok", finish_reason=choice.finish_reason,
-                          completion_tokens=getattr(resp.usage, "completion_tokens", None),
-                          content_chars=len(content), reasoning_chars=len(reasoning),
+            tokens = getattr(resp.usage, "completion_tokens", None)
+            # The one request-outcome rule: an aborted or short answer is an error, not a wrong answer.
+            kind = outcome.failure_kind(200, True, choice.finish_reason, tokens, int(settings["max_tokens"]))
+            record.update(status="ok" if kind is None else "error", finish_reason=choice.finish_reason,
+                          completion_tokens=tokens, content_chars=len(content), reasoning_chars=len(reasoning),
                           **grade(item, content, choice.finish_reason))
+            if kind is not None:
+                record.update(error="%s: finish_reason %s, %s of %s tokens" % (
+                    kind, choice.finish_reason, tokens, settings["max_tokens"]), failure_kind=kind)
             if item.public:
                 record["response_tail"] = content[-300:]
         record["latency_s"] = round(time.monotonic() - started, 3)
@@ -209,6 +215,7 @@ def summarize(name: str, results: list[dict], settings: dict, cfg: dict, referen
         "parse_rate": parsed / n if n else 0.0, "truncation_rate": truncated / n if n else 0.0,
         "unparsable": n - parsed, "truncated": truncated,
         "errors": sum(1 for r in results if r["status"] == "error"),
+        "errors_by_kind": outcome.count_kinds(r.get("failure_kind") for r in results if r["status"] == "error"),
         "timeouts": sum(1 for r in results if r["status"] == "timeout"),
         "empty_content": sum(1 for r in results if r.get("empty_content")),
         "leaked_think": sum(1 for r in results if r.get("leaked_think")),

@@ -21,6 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from pdctl import outcome
+
 DEFAULTS = {
     "contexts": [16384, 65536, 131072, 262144],
     "output_len": 1024,
@@ -225,6 +227,12 @@ def judge(result: dict, cfg: dict) -> list[str]:
     if int(result["failed"] or 0) > 0 or int(result["completed"] or 0) == 0:
         problems.append("context %d: %s of %s requests failed (concurrency %d)"
                         % (ctx, result["failed"], result["num_prompts"], c))
+    # The client counts a request as completed on its status; the one outcome rule also wants the tokens
+    # asked for (--ignore-eos at an exact output length: every completed answer is output_len long).
+    completed, output = int(result["completed"] or 0), result.get("total_output_tokens")
+    if completed and outcome.failure_kind(200, True, "length", output, completed * int(cfg["output_len"])):
+        problems.append("context %d: short answers: %s output tokens from %d completed requests, expected %d "
+                        "(concurrency %d)" % (ctx, output, completed, completed * int(cfg["output_len"]), c))
     if result["mean_ttft_ms"] > cfg["max_ttft_ms"]:
         problems.append("context %d: mean TTFT %.0f ms > limit %.0f ms (concurrency %d)"
                         % (ctx, result["mean_ttft_ms"], cfg["max_ttft_ms"], c))

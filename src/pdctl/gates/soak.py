@@ -10,7 +10,8 @@ Verdict:
 - **Latency drift**: mean client-side request latency of the last third of the run against the first third
   (after the warm-up); fails when it grew by more than ``max_latency_drift`` (relative) and the difference is
   significant (Welch's t > 3).
-- any failed request fails the gate.
+- any failed request fails the gate (pdctl.outcome's rule: HTTP 200, finish_reason stop/length, the token
+  count asked for; counted by kind).
 
 ``run()`` needs no Ansible (the rolling upgrade calls it between batches); ``pdctl gate soak`` wraps it.
 """
@@ -22,6 +23,8 @@ import threading
 import time
 
 import httpx
+
+from pdctl import outcome
 
 DEFAULTS = {
     "duration_s": 180.0,
@@ -133,11 +136,14 @@ def _load(url: str, cfg: dict, model: str, stop: threading.Event, t0: float, out
         while not stop.is_set():
             start = time.monotonic()
             try:
-                ok = client.post(url.rstrip("/") + "/v1/chat/completions", json=body).status_code == 200
-            except httpx.HTTPError:
-                ok = False
+                resp = client.post(url.rstrip("/") + "/v1/chat/completions", json=body)
+                answer = resp.json() if resp.status_code == 200 else None
+                kind = outcome.of_response(resp.status_code, answer, int(cfg["max_tokens"]))
+            except (httpx.HTTPError, ValueError):
+                kind = "status"
             with lock:
-                out.append({"t": round(start - t0, 3), "latency_s": time.monotonic() - start, "ok": ok})
+                out.append({"t": round(start - t0, 3), "latency_s": time.monotonic() - start, "ok": kind is None,
+                            "kind": kind})
 
 
 def run(router_url: str, instances: list[dict], cfg: dict | None = None) -> dict:
@@ -219,6 +225,7 @@ def evaluate(router_url, model, cfg, instances, samples, requests, wall_s=None) 
     return {"gate": "soak", "passed": not failures, "failures": failures, "router_url": router_url, "model": model,
             "settings": settings_out, "wall_s": round(wall_s, 1) if wall_s is not None else None,
             "requests": {"total": len(requests), "failed": len(failed),
+                         "failed_by_kind": outcome.count_kinds(r.get("kind", "status") for r in failed),
                          "per_s": len(requests) / wall_s if wall_s else None},
             "latency_drift": drift, "instances": per_instance, "samples": samples,
             "request_log": [[r["t"], round(r["latency_s"], 4), r["ok"]] for r in requests]}

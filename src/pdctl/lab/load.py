@@ -1,6 +1,7 @@
 """Load and capacity on the lab: StreamLoad runs N clients, each streaming chat completions back to
-back, every request's outcome recorded (start, end, HTTP status, whether the stream reached [DONE]);
-FrontdoorCapacity samples how many prefill instances the front door can reach through its routers."""
+back, every request's outcome recorded (start, end, HTTP status, [DONE], finish_reason, completion tokens)
+and judged by the one request-outcome rule (pdctl.outcome: ok, or a failure of kind status / cut / abort /
+short); FrontdoorCapacity samples how many prefill instances the front door can reach through its routers."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from pdctl import outcome as rule
 
 MODEL = "/mnt/model/glm/GLM-5.2-NVFP4"
 
@@ -22,10 +25,19 @@ class Outcome:
     done: bool
     error: str = ""
     wall_start: float = 0.0  # time.time() at the start, to compare with a host's journal
+    finish_reason: str | None = None
+    tokens: int | None = None  # completion tokens (the stream's usage chunk)
+    max_tokens: int | None = None
+    kind: str | None = "unjudged"  # None when ok, else one of pdctl.outcome.KINDS; judged when not given
+
+    def __post_init__(self):
+        if self.kind == "unjudged":
+            self.kind = rule.failure_kind(self.status, self.done, self.finish_reason, self.tokens,
+                                          self.max_tokens, bool(self.error))
 
     @property
     def ok(self) -> bool:
-        return self.status == 200 and self.done
+        return self.kind is None
 
 
 @dataclass
@@ -57,12 +69,15 @@ class StreamLoad:
             t.join(180)
 
     def _client(self, i):
+        # ignore_eos: every answer is exactly max_tokens long (finish_reason length); the usage chunk
+        # gives the count the rule checks.
         body = {"model": MODEL, "messages": [{"role": "user", "content": "client %d: tell me about GPUs." % i}],
-                "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
+                "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
         headers = {"Authorization": "Bearer " + self.key}
         with httpx.Client(timeout=120, verify=self.verify) as client:
             while not self._stop.is_set():
-                t0, wall0, status, done, error = time.monotonic(), time.time(), None, False, ""
+                t0, wall0, status, error, reader = time.monotonic(), time.time(), None, "", rule.StreamReader()
                 try:
                     with client.stream("POST", self.url + "/v1/chat/completions", json=body, headers=headers) as resp:
                         status = resp.status_code
@@ -70,24 +85,30 @@ class StreamLoad:
                             error = resp.read().decode(errors="replace")[:200]
                         else:
                             for line in resp.iter_lines():
-                                if line == "data: [DONE]":
-                                    done = True
-                                elif line.startswith("data: ") and "error" in json.loads(line[6:]):
-                                    error = line[6:200]
-                except (httpx.HTTPError, ValueError) as exc:
+                                reader.feed(line)
+                except httpx.HTTPError as exc:
                     error = repr(exc)[:200]
+                error = error or reader.error
+                kind = reader.kind(status, self.max_tokens)  # a connection broken mid-stream: cut
+                if kind and not error:
+                    error = "%s: finish_reason %s, %s of %d tokens%s" % (
+                        kind, reader.finish_reason, reader.tokens, self.max_tokens, "" if reader.done else ", no [DONE]")
                 with self._lock:
-                    self.outcomes.append(Outcome(t0, time.monotonic(), status, done and not error, error, wall0))
+                    self.outcomes.append(Outcome(t0, time.monotonic(), status, reader.done, error, wall0,
+                                                 reader.finish_reason, reader.tokens, self.max_tokens, kind))
 
     # -- figures ------------------------------------------------------------------------------
     def failed(self) -> list:
         return [o for o in self.outcomes if not o.ok]
 
     def summary(self) -> dict:
+        """requests, failed_requests, failure_window_s, errors (up to 5 distinct), and failed_by_kind
+        ({status, cut, abort, short}: how many failures of each kind)."""
         failed = self.failed()
         return {"requests": len(self.outcomes), "failed_requests": len(failed),
                 "failure_window_s": round(max(o.end for o in failed) - min(o.start for o in failed), 2) if failed else 0.0,
-                "errors": sorted({o.error or str(o.status) for o in failed})[:5]}
+                "errors": sorted({o.error or str(o.status) for o in failed})[:5],
+                "failed_by_kind": rule.count_kinds(o.kind for o in failed)}
 
 
 # Run on the front-door host: the routers the front door sends to (status UP, not draining or in
