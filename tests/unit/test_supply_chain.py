@@ -286,17 +286,67 @@ def test_preflight_refuses_a_host_with_an_apt_source_trusted_unsigned(tmp_path):
     assert "signed.sources" not in out
 
 
+STORE = "http://store.example:8780"
+PINNED = {"pdctl_artifact_store_url": STORE, "pdctl_model_revision": "0123456789abcdef0123456789abcdef01234567",
+          "pdctl_model_source": "hf://nvidia/GLM-5.2-NVFP4", "pdctl_model_hub_endpoint": STORE + "/hub"}
+
+
 def test_preflight_accepts_the_key_and_signed_sources(tmp_path):
     files = {"sources.list.d/pdctl-store.sources": "Types: deb\nSigned-By: /etc/apt/keyrings/pdctl-store.asc\n",
              "sources.list.d/pdctl-store.sources.bak": "Trusted: yes\n"}  # not a sources file: apt ignores it
     ok, out = run_role_tasks(tmp_path, "preflight", "0050-supply-chain.yml",
                              dict(_sources(tmp_path, files), pdctl_artifact_store_signing_key=LAB_KEY,
-                                  pdctl_cuda_apt_repo={"uri": "https://x/", "signed_by": "https://x/key.pub"}))
+                                  pdctl_cuda_apt_repo={"uri": STORE + "/cuda/", "signed_by": LAB_KEY}, **PINNED))
     assert ok, out
     ok, out = run_role_tasks(tmp_path / "c", "preflight", "0050-supply-chain.yml",
                              dict(_sources(tmp_path / "c", {}), pdctl_artifact_store_signing_key=LAB_KEY,
-                                  pdctl_cuda_apt_repo={"uri": "https://x/"}))
+                                  pdctl_cuda_apt_repo={"uri": STORE + "/cuda/"}, **PINNED))
     assert not ok and "pdctl_cuda_apt_repo has no signed_by" in out, out
+
+
+def test_preflight_refuses_host_facing_sources_outside_the_store(tmp_path):
+    """Issue 38: an air-gapped host reaches only the store; a key URL would be fetched by the host."""
+    nvidia = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"
+    ok, out = run_role_tasks(tmp_path, "preflight", "0050-supply-chain.yml", dict(
+        _sources(tmp_path, {}), pdctl_artifact_store_signing_key=LAB_KEY,
+        pdctl_cuda_apt_repo={"uri": nvidia, "signed_by": nvidia + "3bf863cc.pub"},
+        **dict(PINNED, pdctl_model_hub_endpoint="https://huggingface.co")))
+    assert not ok
+    assert "pdctl_cuda_apt_repo.uri = " + nvidia in out and "https://huggingface.co" in out, out
+    assert "signed_by is not a key block" in out and "Nothing was changed" in out, out
+    # A prefix that only looks like the store's is not the store.
+    ok, out = run_role_tasks(tmp_path / "b", "preflight", "0050-supply-chain.yml", dict(
+        _sources(tmp_path / "b", {}), pdctl_artifact_store_signing_key=LAB_KEY,
+        **dict(PINNED, pdctl_model_hub_endpoint=STORE + "0/hub")))
+    assert not ok and STORE + "0/hub" in out, out
+    # The lab's Hub stub, allowed by name.
+    ok, out = run_role_tasks(tmp_path / "c", "preflight", "0050-supply-chain.yml", dict(
+        _sources(tmp_path / "c", {}), pdctl_artifact_store_signing_key=LAB_KEY,
+        pdctl_host_sources_allowed=["http://10.89.64.1:8781"],
+        **dict(PINNED, pdctl_model_hub_endpoint="http://10.89.64.1:8781")))
+    assert ok, out
+
+
+def test_preflight_refuses_the_placeholder_model_revision(tmp_path):
+    for i, revision in enumerate(("0" * 40, "")):
+        ok, out = run_role_tasks(tmp_path / str(i), "preflight", "0050-supply-chain.yml", dict(
+            _sources(tmp_path / str(i), {}), pdctl_artifact_store_signing_key=LAB_KEY,
+            **dict(PINNED, pdctl_model_revision=revision)))
+        assert not ok, revision
+        assert "The model revision is" in out and "pin the Hub commit" in out and "Nothing was changed" in out, out
+
+
+def test_b300_render_inputs_point_hosts_only_at_the_store():
+    """The production inventory as preflight reads it: no apt source, key URL or Hub outside the store."""
+    gv = ROOT / "inventories/b300/group_vars/all"
+    stack = yaml.safe_load((gv / "host_stack.yml").read_text())
+    model = yaml.safe_load((gv / "model_source.yml").read_text())
+    assert stack["pdctl_cuda_apt_repo"] == {}
+    assert model["pdctl_model_hub_endpoint"].startswith("{{ pdctl_artifact_store_url }}/")
+    for role in ("nvidia_driver", "cuda_toolkit", "rdma", "nvidia_fabric", "host_base"):
+        for path in (ROOT / "roles" / role).rglob("*.yml"):
+            text = path.read_text()
+            assert not re.search(r"https?://(?!pdctl-controller\.example)[^\s\"']+\.(pub|asc|gpg|key)\b", text), path
 
 
 def test_inventories_give_the_key_or_say_how():
@@ -304,3 +354,24 @@ def test_inventories_give_the_key_or_say_how():
     assert "apt-signing/pdctl-store.asc" in lab["pdctl_artifact_store_signing_key"]
     b300 = (ROOT / "inventories/b300/group_vars/all/host_requirements.yml").read_text()
     assert "pdctl_artifact_store_signing_key" in b300 and "apt_signing" in b300
+
+
+# ---------------------------------------------------------------- preflight: memory floor (issue 38)
+
+def _host_check(tmp_path, memtotal_mb):
+    """roles/preflight 0030-host.yml on this machine, with MemTotal given (extra vars win over the fact)."""
+    tmp_path.mkdir()
+    return run_role_tasks(tmp_path, "preflight", "0030-host.yml", {
+        "pdctl_supported_os": [{"distribution": "Debian", "version": "12"}, {"distribution": "Ubuntu", "version": "24.04"}],
+        "pdctl_min_cpus": 1, "pdctl_min_memory_gb": 1024, "pdctl_model_path": str(tmp_path),
+        "pdctl_model_size_gb": 0, "pdctl_model_disk_margin_pct": 0, "pdctl_real_kernel": False,
+        "pdctl_secure_boot_allowed": False, "_preflight_memtotal_mb": memtotal_mb})
+
+
+def test_preflight_memory_floor_accepts_a_host_with_1_tib_installed(tmp_path):
+    # MemTotal of a 1 TiB host: installed less firmware and kernel reservations (about 1007 GiB).
+    ok, out = _host_check(tmp_path / "a", 1007 * 1024 + 400)
+    assert ok, out
+    ok, out = _host_check(tmp_path / "b", 960 * 1024)  # 960 GiB: not a 1 TiB host
+    assert not ok
+    assert "960.0 GiB memory (MemTotal)" in out and "1024 GiB installed" in out and "972.8 GiB" in out, out
