@@ -14,7 +14,7 @@ ROOT = collection.root()
 ROLE = ROOT / "roles/monitoring"
 
 
-def _render(inv: str) -> dict:
+def _render(inv: str, front_door_exporter: str = "10.0.0.5:8405") -> dict:
     plan = inventory.plan(str(ROOT / inv))
     hosts = inventory.load(str(ROOT / inv))
     settings = yaml.safe_load((ROOT / inv / "group_vars/all/monitoring.yml").read_text())["pdctl_monitoring"]
@@ -23,7 +23,7 @@ def _render(inv: str) -> dict:
         monitoring_plan=plan, monitoring_scrape_interval=settings["scrape_interval"],
         _monitoring_rules_file="/etc/prometheus/rules/pdctl-rules.yml",
         monitoring_node_exporter_port=settings["node_exporter_port"],
-        monitoring_front_door_exporter="10.0.0.5:8405",
+        monitoring_front_door_exporter=front_door_exporter,
         monitoring_dcgm_exporter_enabled=settings["dcgm_exporter"]["enabled"],
         monitoring_dcgm_exporter_port=settings["dcgm_exporter"]["port"],
         hostvars={h: v["vars"] for h, v in hosts.items()},
@@ -36,14 +36,23 @@ def _targets(config: dict, job: str) -> list[str]:
     return [t for sc in jobs[job]["static_configs"] for t in sc["targets"]] if job in jobs else []
 
 
-def test_lab_scrape_config_lists_every_planned_target_and_no_dcgm():
+def test_lab_scrape_config_lists_every_planned_target():
     r = _render("inventories/lab")
     plan, config = r["plan"], r["config"]
     assert sorted(_targets(config, "vllm")) == sorted("%s:%d" % (i["address"], i["api_port"]) for i in plan["instances"])
     assert _targets(config, "vllm_router") == ["%s:%d" % (plan["router"]["address"], plan["router"]["metrics_port"])]
     assert len(_targets(config, "node")) == len(plan["hosts"]) == 3
     assert _targets(config, "haproxy") == ["10.0.0.5:8405"]
-    assert _targets(config, "dcgm") == []
+    # The lab's DCGM exporter is the stand-in (src/pdctl/lab/fakegpu/dcgm_exporter.py), on every serving host.
+    assert sorted(_targets(config, "dcgm")) == ["10.89.64.11:9400", "10.89.64.12:9400", "10.89.64.13:9400"]
+
+
+def test_haproxy_is_scraped_on_every_planned_front_door_without_an_inventory_override():
+    for inv in ("inventories/lab", "inventories/b300"):
+        r = _render(inv, front_door_exporter="")
+        fd = r["plan"]["frontdoor"]
+        assert fd["hosts"] and fd["metrics_port"]
+        assert _targets(r["config"], "haproxy") == ["%s:%d" % (a, fd["metrics_port"]) for a in fd["addresses"]], inv
 
 
 def test_production_scrape_config_has_dcgm_on_every_serving_host():

@@ -11,6 +11,8 @@ content that behaves well enough in a systemd container:
 - nvidia-fabricmanager ships nv-fabricmanager (reports the profile's fabric manager version, then
   idles), nvidia-fabricmanager-start.sh and a service unit that runs in a container.
 - nvidia-persistenced ships an idle daemon and its unit; the rest carry only a README.
+- datacenter-gpu-manager-exporter ships the DCGM exporter stand-in (src/pdctl/lab/fakegpu/dcgm_exporter.py) as
+  /usr/bin/dcgm-exporter and a nvidia-dcgm-exporter unit: the counters file's fields for the emulated GPUs.
 
 store.stage_apt excludes these names from the Debian resolution and adds the .debs to the flat repo.
 """
@@ -27,6 +29,7 @@ import yaml
 from pdctl import collection
 
 FAKEGPU = Path(__file__).resolve().parent / "fakegpu" / "nvidia_smi.py"
+DCGM_EXPORTER = Path(__file__).resolve().parent / "fakegpu" / "dcgm_exporter.py"
 # The emulator is also a module on the hosts' Python path, as a Debian package installs one.
 FAKEGPU_MODULE = "/usr/lib/python3/dist-packages/pdctl_fakegpu.py"
 # Where the kernel module stand-in writes the version it loaded (nvidia_smi.MODULE_VERSION_FILE's directory).
@@ -212,6 +215,30 @@ echo "Cuda compilation tools, release %s, V%s"
 """
 
 
+# As NVIDIA's datacenter-gpu-manager-exporter ships it: the unit runs the exporter with its default counters
+# file (roles/monitoring points it at pdctl's with a drop-in). The default list, like the real one, leaves the
+# ECC and NVLink error counters out.
+_DCGM_EXPORTER_UNIT = """[Unit]
+Description=NVIDIA DCGM exporter (pdctl lab stand-in)
+After=network-online.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/dcgm-exporter
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_DCGM_DEFAULT_COUNTERS = """# pdctl lab stand-in: dcgm-exporter's default list, which leaves the ECC and NVLink error counters out.
+DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).
+DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.
+# DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter, Total number of double-bit volatile ECC errors.
+# DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, counter, Total number of NVLink flow-control CRC errors.
+"""
+
+
 def rehearsal_driver_versions() -> list[str]:
     """Other driver releases the lab's store carries (the driver upgrade rehearsal of playbooks/maintenance.yml):
     pdctl_lab_driver_rehearsal_versions in the lab inventory."""
@@ -268,6 +295,11 @@ def standins(versions: dict | None = None, rehearsal: bool = True) -> list[Stand
                 _readme("doca-ofed")),
         Standin("gdrdrv-dkms", v["gdrcopy"] + rev, "GDRCopy kernel module (DKMS)", _readme("gdrdrv-dkms")),
         Standin("libgdrapi", v["gdrcopy"] + rev, "GDRCopy user-space library", _readme("libgdrapi")),
+        Standin("datacenter-gpu-manager-exporter", v["dcgm_exporter"] + rev, "NVIDIA DCGM exporter (lab GPU emulator)",
+                {"/usr/bin/dcgm-exporter": (DCGM_EXPORTER.read_text(), 0o755),
+                 "/etc/dcgm-exporter/default-counters.csv": (_DCGM_DEFAULT_COUNTERS, 0o644),
+                 "/lib/systemd/system/nvidia-dcgm-exporter.service": (_DCGM_EXPORTER_UNIT, 0o644)},
+                depends="nvidia-smi, python3"),
     ]
 
 
