@@ -96,4 +96,5 @@ class FilterModule:
             "systemd_quote": serving.systemd_quote,
             "env_file": serving.env_file,
             "repeat_flag": repeat_flag,
+            "stop_timeout_problems": serving.stop_timeout_problems,
         }

@@ -84,3 +84,40 @@ def env_file(env):
         value = str(env[key]).replace("\\", "\\\\").replace('"', '\\"')
         lines.append('%s="%s"' % (key, value))
     return "\n".join(lines) + "\n"
+
+
+def shutdown_timeout(args):
+    """The --shutdown-timeout a pool's args set (the last one wins, as with argparse); 0 (vLLM's default:
+    abort at once) when none. Raises ServingError on a value that is not a whole number of seconds."""
+    value = "0"
+    for i, word in enumerate(args or []):
+        word = str(word)
+        if word == "--shutdown-timeout" and i + 1 < len(args):
+            value = str(args[i + 1])
+        elif word.startswith("--shutdown-timeout="):
+            value = word.split("=", 1)[1]
+    if not value.strip().isdigit():
+        raise ServingError("--shutdown-timeout must be a whole number of seconds, found %r" % value)
+    return int(value)
+
+
+def stop_timeout_problems(serve_args, stop_timeout_s):
+    """Why the units' TimeoutStopSec (stop_timeout_s) does not outlast every pool's drain: systemd sends
+    SIGKILL at TimeoutStopSec, so a stop timeout at or below --shutdown-timeout cuts the drain short and
+    aborts the requests still in flight. [] when it outlasts them all."""
+    try:
+        stop = int(str(stop_timeout_s))
+    except ValueError:
+        return ["pdctl_serve_stop_timeout_s must be a whole number of seconds, found %r" % (stop_timeout_s,)]
+    problems = []
+    for pool in sorted(serve_args or {}):
+        try:
+            drain = shutdown_timeout(serve_args[pool])
+        except ServingError as exc:
+            problems.append("pdctl_serve_args.%s: %s" % (pool, exc))
+            continue
+        if stop <= drain:
+            problems.append("pdctl_serve_stop_timeout_s (the units' TimeoutStopSec) is %d s, not longer than the "
+                            "%s pool's --shutdown-timeout %d s: systemd would kill an instance before its drain "
+                            "ends; set it above %d" % (stop, pool, drain, drain))
+    return problems
