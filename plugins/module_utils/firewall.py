@@ -156,10 +156,12 @@ def rules(plan, inputs):
 
     inputs:
       addresses           {host: [address, ...]} where each host's traffic comes from (host_addresses)
-      admin_networks      networks allowed SSH and the monitoring endpoints (the controller's, the operators')
+      admin_networks      networks allowed SSH and the monitoring endpoints (the controller's, the operators');
+                          never the instances' API ports (generation endpoints without a key)
       client_networks     networks allowed the front door's port
       ssh_port            22
-      monitoring_host     the host Prometheus runs on (roles/monitoring: the first router host)
+      monitoring_host     the host Prometheus runs on (roles/monitoring: the first router host); must be a
+                          router host of the plan, the only hosts that reach the instances' API ports
       prometheus_port     Prometheus' own port (from the admin networks only)
       node_exporter_port  node exporter on every host
       dcgm_exporter_port  DCGM exporter on the serving hosts; None when not run
@@ -202,6 +204,11 @@ def rules(plan, inputs):
     serving_hosts = sorted({i["host"] for i in instances})
     routers = _routers(plan)
     router_hosts = [r["host"] for r in routers]
+    if monitoring_host and monitoring_host not in router_hosts:
+        raise FirewallError(["Prometheus' host %s is not a router host of the plan (%s): instance API ports, "
+                             "which carry generation endpoints without a key, are open to the router hosts only, "
+                             "so Prometheus must run on one to scrape the instances" % (monitoring_host,
+                                                                                    ", ".join(router_hosts))])
     frontdoor = _frontdoor(plan, routers)
     monitors = (of([monitoring_host]) if monitoring_host else []) + admin
     kv_tcp = None
@@ -232,11 +239,12 @@ def rules(plan, inputs):
         for inst in (i for i in instances if i["host"] == host):
             peers = pool_hosts[other_pool[inst["pool"]]]
             ruleset.append(_port_rule(
-                # The admin networks too: operators read an instance's /metrics and run the soak gate
-                # from the controller (the instance key still guards /v1); an outsider gets nothing.
-                "%s api" % inst["name"], "%s's API from the router hosts (%s), the instance's own host, "
-                "Prometheus and the admin networks" % (inst["name"], ", ".join(router_hosts)),
-                [inst["api_port"]], of(router_hosts) + own + monitors))
+                # Not the admin networks, not Prometheus from elsewhere: vLLM's key guards only /v1, /v2,
+                # /inference and /cohere; POST /invocations and /scale_elastic_ep generate without one.
+                # Prometheus scrapes /metrics from a router host (checked above).
+                "%s api" % inst["name"], "%s's API (generation endpoints without a key): the router hosts (%s) "
+                "and the instance's own host only" % (inst["name"], ", ".join(router_hosts)),
+                [inst["api_port"]], of(router_hosts) + own))
             ruleset.append(_port_rule(
                 "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the %s hosts (%s)"
                 % (inst["name"], other_pool[inst["pool"]], ", ".join(peers)),

@@ -1,8 +1,9 @@
-"""The host firewall on the lab (issue 14, acceptance 2): a fourth container on the lab network, in no
-inventory, reaches the front door's port and nothing else; every instance, side-channel, RPC, router and
-monitoring port is dropped for it (the connection times out: a closed port without the firewall would be
-refused at once). The hosts that must talk still can, and P/D serving through the front door works, KV
-pulled from prefill across the firewall."""
+"""The host firewall on the lab (issue 14, acceptance 2; issue 40, acceptance 2): a fourth container on the lab
+network, in no inventory, reaches the front door's port and nothing else; every instance, side-channel, RPC,
+router and monitoring port is dropped for it (the connection times out: a closed port without the firewall
+would be refused at once). The controller (admin network) cannot connect to an instance's API port (POST
+/invocations generates without a key); the router host can. The hosts that must talk still can, and P/D
+serving through the front door works, KV pulled from prefill across the firewall."""
 import json
 import subprocess
 
@@ -72,6 +73,8 @@ def planned_ports(plan):
         monitoring, host_ports = vars_["vars"]["pdctl_monitoring"], vars_["vars"]["pdctl_ports"]
         ports[(address[host], 22)] = "SSH on %s" % host
         ports[(address[host], monitoring["node_exporter_port"])] = "node exporter on %s" % host
+        if monitoring["dcgm_exporter"]["enabled"]:
+            ports[(address[host], monitoring["dcgm_exporter"]["port"])] = "DCGM exporter on %s" % host
         ports[(address[host], monitoring["port"])] = "Prometheus port on %s" % host
         ports[(address[host], host_ports["kv_path_check"])] = "KV-path check on %s" % host
         ports[(address[host], host_ports["model_fanout"])] = "model fan-out on %s" % host
@@ -126,13 +129,31 @@ def test_the_hosts_that_must_talk_still_can(converged_lab):
     assert set(from_router.values()) == {"open"}, from_router
     from_peer = probe_from_host(other_prefill["host"], [(prefill[0]["address"], prefill[0]["api_port"])])
     assert set(from_peer.values()) == {"timeout"}, from_peer
-    # The controller (the admin network) reaches the node exporter and an instance's API (operators read
-    # its /metrics, the soak gate samples it); not the DP RPC port, which only the host itself reaches.
+    # The controller (the admin network) reaches the node exporter; not the DP RPC port, which only the host
+    # itself reaches.
     with httpx.Client(timeout=5) as client:
         assert client.get("http://%s:9100/metrics" % prefill[0]["address"]).status_code == 200
-        assert client.get("http://%s:%d/health" % (prefill[0]["address"], prefill[0]["api_port"])).status_code == 200
     with pytest.raises(httpx.TimeoutException):
         httpx.get("http://%s:%d/" % (prefill[0]["address"], prefill[0]["dp_rpc_port"]), timeout=2)
+
+
+def test_generation_without_a_key_is_reachable_from_the_router_host_only(converged_lab):
+    # vLLM's POST /invocations generates without the API key: from an admin-network address (the controller)
+    # the connection is dropped; from the router host it connects (and generates, which is why).
+    plan = _plan()
+    router = plan["routers"][0]
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+    for inst in plan["instances"]:
+        with pytest.raises(httpx.ConnectTimeout):
+            httpx.post("http://%s:%d/invocations" % (inst["address"], inst["api_port"]), json=body, timeout=2)
+    script = ("import json, sys, urllib.request; r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], "
+              "data=json.dumps(%r).encode(), headers={'Content-Type': 'application/json'}), timeout=30); "
+              "print(r.status)" % body)
+    for inst in plan["instances"]:
+        url = "http://%s:%d/invocations" % (inst["address"], inst["api_port"])
+        res = subprocess.run(["podman", "exec", router["host"], "python3", "-c", script, url],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and res.stdout.strip() == "200", (url, res.stderr[-500:])
 
 
 def test_rules_are_loaded_and_kept_across_boots(converged_lab):

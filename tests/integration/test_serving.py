@@ -21,6 +21,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 FRONTDOOR = "https://10.89.64.13:8443"
 CA = str(ROOT / ".lab/tls/ca.pem")
 DECODE = "http://10.89.64.13:8100"
+# The instances' API ports admit the router host (and the instance's own) only: vLLM's POST /invocations
+# generates without a key. What the tests read from an instance directly, they read from there.
+ROUTER_HOST = "lab-decode-0"
 MODEL = "/mnt/model/glm/GLM-5.2-NVFP4"
 INSTANCES = {"lab-prefill-0": ["prefill-0", "prefill-1"], "lab-prefill-1": ["prefill-2", "prefill-3"],
              "lab-decode-0": ["decode-0"]}
@@ -49,8 +52,26 @@ def main_pids():
     return pids
 
 
+# GET url from inside a lab host: prints the status and the body (key on stdin, never on a command line).
+GET_ON_HOST = ("import sys, urllib.error, urllib.request; key = sys.stdin.read().strip()\n"
+               "try:\n"
+               "    r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + key}), timeout=10)\n"
+               "    print(r.status); print(r.read().decode())\n"
+               "except (urllib.error.URLError, OSError) as exc:\n"
+               "    print(getattr(exc, 'code', 0))\n")
+
+
+def get_on_host(host, url):
+    """(status, body) of GET url from inside host (0: no answer)."""
+    res = subprocess.run(["podman", "exec", "-i", host, "python3", "-c", GET_ON_HOST, url], input=api_key(),
+                         capture_output=True, text=True, timeout=60, check=True)
+    status, _, body = res.stdout.partition("\n")
+    return int(status), body
+
+
 def kv_pulls():
-    text = httpx.get(DECODE + "/metrics", headers={"Authorization": "Bearer " + api_key()}, timeout=10).text
+    status, text = get_on_host(ROUTER_HOST, DECODE + "/metrics")
+    assert status == 200, status
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:nixl_xfer_time_seconds_count"))
 
@@ -161,20 +182,55 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
 
 # ---------------------------------------------------------------- issue 13 item 4: a stop drains
 
+# POSTs a streamed request from inside the router host (an instance's port admits only it) and relays the
+# status, then every line of the answer, on stdout; the key and the body come on stdin.
+RELAY = r"""
+import sys, urllib.error, urllib.request
+key, body = sys.stdin.readline().strip(), sys.stdin.read()
+req = urllib.request.Request(sys.argv[1], data=body.encode(),
+                             headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+try:
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        print("STATUS %d" % resp.status, flush=True)
+        for raw in resp:
+            print(raw.decode().rstrip("\r\n"), flush=True)
+except urllib.error.HTTPError as exc:
+    print("STATUS %d" % exc.code, flush=True)
+"""
+
+
 def _stream_until_done(url, body, started, results, key):
     """results[key] = (status, chunks, finish_reason, [DONE], completion tokens, failure kind by pdctl.outcome)."""
     chunks, reader, status = 0, outcome.StreamReader(), None
+
+    def feed(line):
+        nonlocal chunks
+        reader.feed(line)
+        if line.startswith("data: ") and not reader.done:
+            chunks += 1
+            started.set()
+
     try:
-        through_door = url == FRONTDOOR
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120,
-                          verify=CA if through_door else True,
-                          headers={"Authorization": "Bearer " + (client_key() if through_door else api_key())}) as resp:
-            status = resp.status_code
-            for line in resp.iter_lines():
-                reader.feed(line)
-                if line.startswith("data: ") and not reader.done:
-                    chunks += 1
-                    started.set()
+        if url == FRONTDOOR:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120, verify=CA,
+                              headers={"Authorization": "Bearer " + client_key()}) as resp:
+                status = resp.status_code
+                for line in resp.iter_lines():
+                    feed(line)
+        else:
+            proc = subprocess.Popen(["podman", "exec", "-i", ROUTER_HOST, "python3", "-c", RELAY,
+                                     url + "/v1/chat/completions"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            proc.stdin.write(api_key() + "\n" + json.dumps(body))
+            proc.stdin.close()
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                if line.startswith("STATUS ") and status is None:
+                    status = int(line.split()[1])
+                else:
+                    feed(line)
+            if proc.wait(30) != 0:
+                reader.error = reader.error or proc.stderr.read()[-500:]
     except httpx.HTTPError as exc:
         reader.error = reader.error or repr(exc)
     results[key] = (status, chunks, reader.finish_reason, reader.done, reader.tokens,
@@ -211,9 +267,6 @@ def test_systemctl_stop_completes_the_streams_in_flight(converged_lab, host, ins
         on_host(host, "systemctl", "start", unit)
         deadline = time.time() + 180
         while time.time() < deadline:
-            try:
-                if httpx.get(url.replace(FRONTDOOR, DECODE) + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            if get_on_host(ROUTER_HOST, url.replace(FRONTDOOR, DECODE) + "/health")[0] == 200:
+                break
             time.sleep(2)

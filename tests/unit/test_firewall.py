@@ -26,7 +26,7 @@ EPHEMERAL = range(32768, 61000)
 def lab_inputs(**over):
     inputs = {"addresses": {h: [a] for h, a in LAB.items()}, "admin_networks": ["10.89.64.1/32"],
               "client_networks": ["10.89.64.0/24"], "ssh_port": 22, "monitoring_host": "lab-decode-0",
-              "prometheus_port": 9090, "node_exporter_port": 9100, "dcgm_exporter_port": None,
+              "prometheus_port": 9090, "node_exporter_port": 9100, "dcgm_exporter_port": 9400,
               "ucx_environment": {}, "kv_check_port": 5690, "kv_check_gpus": "per_numa", "model_fanout_port": 8790}
     inputs.update(over)
     return inputs
@@ -81,13 +81,19 @@ EVERYONE = set(LAB.values()) | {CONTROLLER, OUTSIDER}
 
 # -- the lab plan -------------------------------------------------------------------------------------
 
-def test_lab_instance_api_ports_only_from_the_router_host_their_own_and_the_controller(lab_plan):
-    # The controller (admin network) reads /metrics and runs the soak gate; an outsider gets nothing.
+def test_lab_instance_api_ports_only_from_the_router_host_and_their_own(lab_plan):
+    # Generation endpoints without a key (POST /invocations): not even the controller (admin network)
+    # reaches them; Prometheus scrapes /metrics from the router host.
     rules = firewall.rules(lab_plan, lab_inputs())
-    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", CONTROLLER}
+    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13"}
     for port in (8100, 8101):
-        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13", "10.89.64.11", CONTROLLER}
-        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13", "10.89.64.12", CONTROLLER}
+        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
+        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13", "10.89.64.12"}
+
+
+def test_prometheus_off_the_router_hosts_is_refused(lab_plan):
+    with pytest.raises(firewall.FirewallError, match="lab-prefill-0 is not a router host"):
+        firewall.rules(lab_plan, lab_inputs(monitoring_host="lab-prefill-0"))
 
 
 def test_lab_side_channels_only_from_the_other_pool(lab_plan):
@@ -126,7 +132,7 @@ def test_lab_ssh_and_monitoring(lab_plan):
     for host in LAB:
         assert who(rules, host, 22, EVERYONE) == {CONTROLLER}
         assert who(rules, host, 9100, EVERYONE) == {CONTROLLER, "10.89.64.13"}     # node exporter
-        assert who(rules, host, 9400, EVERYONE) == set()                          # no DCGM in the lab
+        assert who(rules, host, 9400, EVERYONE) == {CONTROLLER, "10.89.64.13"}     # the DCGM exporter stand-in
     assert who(rules, "lab-decode-0", 9090, EVERYONE) == {CONTROLLER}             # Prometheus itself
     assert who(rules, "lab-prefill-0", 9090, EVERYONE) == set()
     assert who(rules, "lab-decode-0", 29000, EVERYONE) == {CONTROLLER, "10.89.64.13"}   # router metrics
@@ -140,7 +146,7 @@ def test_lab_model_fanout_between_serving_hosts(lab_plan):
 
 def test_lab_open_ports_are_exactly_the_planned_ones(lab_plan):
     rules = firewall.rules(lab_plan, lab_inputs())
-    common = ["22", "32768-60999", "8790", "9100"]
+    common = ["22", "32768-60999", "8790", "9100", "9400"]
     assert open_ports(rules["lab-prefill-0"]) == sorted(common + ["8100", "8101", "5600-5603", "5604-5607",
                                                                   "13345", "13346", "5690-5691"])
     assert open_ports(rules["lab-prefill-1"]) == open_ports(rules["lab-prefill-0"])
@@ -187,8 +193,8 @@ def test_two_routers_behind_a_separate_front_door(tmp_path):
     assert who(rules, "lab-prefill-1", 8405, EVERYONE) == {CONTROLLER, "10.89.64.13"}
     assert who(rules, "lab-prefill-1", 8000, EVERYONE) == set()
     # Both routers reach every instance.
-    assert who(rules, "lab-prefill-1", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", "10.89.64.12", CONTROLLER}
-    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", CONTROLLER}
+    assert who(rules, "lab-prefill-1", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", "10.89.64.12"}
+    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
 
 
 def test_no_client_network_closes_the_front_door(lab_plan):
@@ -202,8 +208,8 @@ def test_b300_rules(b300_plan):
     rules = firewall.rules(b300_plan, b300_inputs())
     every = set(B300.values()) | {"203.0.113.9", "198.51.100.9", "192.0.2.99"}
     admin = "203.0.113.9"
-    assert who(rules, "b300-decode-0", 8100, every) == {"192.0.2.13", admin}
-    assert who(rules, "b300-prefill-0", 8101, every) == {"192.0.2.13", "192.0.2.11", admin}
+    assert who(rules, "b300-decode-0", 8100, every) == {"192.0.2.13"}                # the router's host only
+    assert who(rules, "b300-prefill-0", 8101, every) == {"192.0.2.13", "192.0.2.11"}
     assert who(rules, "b300-prefill-1", 5607, every) == {"192.0.2.13"}
     assert who(rules, "b300-decode-0", 5600, every) == {"192.0.2.11", "192.0.2.12"}
     assert who(rules, "b300-prefill-1", 13346, every) == {"192.0.2.12"}
@@ -291,7 +297,7 @@ def test_rendered_rules_replace_only_their_own_table(rendered):
     assert "table inet other" in listing, "applying the rules removed another table"
     assert listing.count("table inet pdctl") == 1
     assert "policy drop;" in listing
-    assert 'ip saddr { 10.89.64.1, 10.89.64.13 } tcp dport 8100 accept comment "decode-0 api"' in listing
+    assert 'ip saddr 10.89.64.13 tcp dport 8100 accept comment "decode-0 api"' in listing
 
 
 def test_rendered_lab_file_names_each_rule(rendered):
