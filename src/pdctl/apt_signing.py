@@ -12,6 +12,7 @@ whose Release does not verify against it is refused. The key lives in a GnuPG ho
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import shutil
@@ -75,6 +76,14 @@ def ensure_key(key_dir: Path, name: str = "pdctl artifact store") -> str:
     """Make the signing key once (Ed25519, no passphrase: it signs unattended); return its fingerprint."""
     key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (key_dir / "gnupg").mkdir(mode=0o700, exist_ok=True)
+    # One key, also when the apt repository and the wheel locks are signed at once (`pdctl lab up`
+    # stages the wheelhouse beside the store): whoever comes second finds the first one's key.
+    with open(key_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_key_locked(key_dir, name)
+
+
+def _ensure_key_locked(key_dir: Path, name: str) -> str:
     try:
         try:
             fpr = fingerprint(key_dir)

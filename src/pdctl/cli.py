@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
 
-    from pdctl import render, report, run
+    from pdctl import render, report, run, stage
     from pdctl.gates import cli as gate_cli
     from pdctl.lab import cli as lab_cli
 
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_parser(sub)
     report.add_parser(sub)
     run.add_parser(sub)
+    stage.add_parser(sub)
     return parser
 
 

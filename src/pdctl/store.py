@@ -13,7 +13,9 @@ import os
 import re
 import sys
 
-LAYOUT = ("apt", "wheels", "models", "tools")
+# apt: the signed repository; wheels: the wheelhouse and its locks; locks: the locks clearsigned
+# (what hosts read); hub: the model's pinned revision in the Hub's API layout; models, tools.
+LAYOUT = ("apt", "wheels", "locks", "hub", "models", "tools")
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

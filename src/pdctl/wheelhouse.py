@@ -6,7 +6,10 @@ dependencies, must be here as wheels built for the hosts' Python and platform. E
 every wheel of the set, dependencies included, pinned with its sha256. The hosts install with
 `--require-hashes --no-deps -r <lock>`, so a wheel that is not the staged one is refused.
 
-    python -m pdctl.wheelhouse lock DIR SET REQUIREMENT... [--no-deps REQUIREMENT...]
+    python -m pdctl.wheelhouse lock DIR SET REQUIREMENT... [--no-deps REQUIREMENT...] [--sign KEY_DIR]
+
+Each lock is also published clearsigned with the store key (requirements-<set>.txt.asc, `--sign`):
+the hosts install only from a lock whose signature gpgv verifies with that key.
 """
 from __future__ import annotations
 
@@ -164,6 +167,50 @@ def write_lock(wheel_dir: Path, install_set: str, requirements: list[str], no_de
     return target
 
 
+# -- signed locks ----------------------------------------------------------------------------------
+# The lock says which wheels are genuine, so it must itself be genuine: whoever can change the store
+# could change a wheel and its hash together. Each lock is published clearsigned with the store key
+# (the key that signs the apt repository) as <store>/locks/<lock>.asc; a host reads only that, verifies it with gpgv
+# against the key host_base installed, and hands pip the verified text (roles/vllm, roles/router).
+
+SIGNED_SUFFIX = ".asc"
+SIGNED_DIR = "locks"  # <store>/locks/requirements-<set>.txt.asc, beside <store>/wheels/
+
+
+def signed_name(install_set: str) -> str:
+    return lock_name(install_set) + SIGNED_SUFFIX
+
+
+def verify_lock(signed: Path, keyring: Path) -> str | None:
+    """The lock text signed.asc carries if its signature verifies with keyring (binary), else None."""
+    res = subprocess.run(["gpgv", "--keyring", str(keyring), "--output", "-", str(signed)], capture_output=True)
+    return res.stdout.decode() if res.returncode == 0 else None
+
+
+def sign_lock(key_dir: Path, lock: Path, target_dir: Path | None = None) -> Path:
+    """Clearsign lock with the store key into <target_dir or lock's dir>/<lock name>.asc (kept when it
+    already verifies and carries lock's text); return its path."""
+    from pdctl import apt_signing
+
+    fpr = apt_signing.ensure_key(key_dir)
+    signed = (target_dir or lock.parent) / (lock.name + SIGNED_SUFFIX)
+    signed.parent.mkdir(parents=True, exist_ok=True)
+    text = lock.read_text()
+    if signed.exists() and verify_lock(signed, key_dir / apt_signing.PUBLIC_GPG) == text:
+        return signed
+    tmp = signed.with_name(signed.name + ".part")
+    tmp.unlink(missing_ok=True)
+    try:
+        apt_signing._gpg(key_dir, "--local-user", fpr, "--digest-algo", "SHA512", "--clearsign",
+                         "--output", str(tmp), str(lock))
+    finally:
+        apt_signing._stop_agent(key_dir)
+    if verify_lock(tmp, key_dir / apt_signing.PUBLIC_GPG) != text:
+        raise RuntimeError("the signature just made for %s does not verify to its text" % lock)
+    tmp.replace(signed)
+    return signed
+
+
 def read_lock(path: Path) -> dict[str, tuple[str, list[str]]]:
     """{name: (version, [sha256, ...])} of a lock written by write_lock."""
     pins = {}
@@ -188,10 +235,14 @@ def main(argv=None) -> int:
     lk.add_argument("--no-deps", nargs="*", default=[], help="requirements staged without their dependencies")
     lk.add_argument("--python-version")
     lk.add_argument("--platform", action="append", default=[])
+    lk.add_argument("--sign", type=Path, metavar="KEY_DIR",
+                    help="clearsign the lock with the store key in KEY_DIR (python -m pdctl.apt_signing key)")
     args = p.parse_args(argv)
     path = write_lock(args.wheel_dir, args.install_set, args.requirements, args.no_deps,
                       args.python_version, tuple(args.platform))
     print("%s: %d wheels" % (path, len(read_lock(path))))
+    if args.sign:
+        print("signed: %s" % sign_lock(args.sign, path))
     return 0
 
 

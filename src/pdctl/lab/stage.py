@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 from pdctl import collection, inventory, wheelhouse
-from pdctl.lab import daemon, image, releases, tls
+from pdctl.lab import daemon, image, releases, store, tls
 
 HUB_PORT = 8781
 MODEL_SIZE_MB = 1024
@@ -170,14 +170,26 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
         (cache / ".complete").write_text("\n".join(requirements) + "\n")
         print("lab: staged %d wheels in %.1fs" % (len(list(cache.glob("*.whl"))), time.monotonic() - t0), flush=True)
     target = lab_dir / "store" / "wheels"
-    if target.is_symlink() and os.readlink(target) == str(cache):
-        return
     target.parent.mkdir(parents=True, exist_ok=True)  # staged before the store starts (pdctl lab up)
-    if target.is_symlink():
-        target.unlink()
-    elif target.exists():
-        shutil.rmtree(target)
-    target.symlink_to(cache)
+    if not (target.is_symlink() and os.readlink(target) == str(cache)):
+        if target.is_symlink():
+            target.unlink()
+        elif target.exists():
+            shutil.rmtree(target)
+        target.symlink_to(cache)
+    publish_locks(cache, lab_dir / "store" / wheelhouse.SIGNED_DIR, lab_dir / store.SIGNING_DIR)
+
+
+def publish_locks(wheel_dir: Path, target: Path, key_dir: Path) -> None:
+    """Every lock of wheel_dir clearsigned with this lab's key into target (store/locks/, what the
+    hosts read; the cached wheelhouse is shared by checkouts with keys of their own)."""
+    target.mkdir(exist_ok=True)
+    wanted = set()
+    for lock in sorted(wheel_dir.glob(wheelhouse.lock_name("*"))):
+        wanted.add(wheelhouse.sign_lock(key_dir, lock, target).name)
+    for old in target.glob(wheelhouse.signed_name("*")):
+        if old.name not in wanted:
+            old.unlink()
 
 
 def _link(link: Path, target: Path) -> None:

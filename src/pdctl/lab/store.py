@@ -121,3 +121,56 @@ def stop(lab_dir: Path):
 def describe(lab_dir: Path) -> str:
     pid = daemon.running_pid(lab_dir, "store")
     return "%s (pid %d, %s)" % (url(), pid, lab_dir / "store") if pid else "not running"
+
+
+# -- stand-ins of the upstreams the controller cannot reach here ------------------------------------
+
+STANDIN_KEY_NAME = "upstream stand-in (not NVIDIA's key)"
+
+
+def stage_upstream_standins(dest: Path, hv: dict) -> dict:
+    """Stand-ins of the upstreams `pdctl stage` reads that this machine cannot reach (FlashInfer's
+    index and release downloads, NVIDIA's apt repositories, the Hub's revision API), laid out as the real
+    ones, under dest/<source name>/. hv: the inventory's variables as pdctl.stage.load reads them.
+
+    Each pinned wheel is a small file of its own (the same name, other bytes); each apt repository is a
+    flat index of the pinned packages at their versions, its InRelease signed with a stand-in key of
+    its own. Returns {"sha256": {file: sha256}, "keys": {repository: key file}, "revision": commit}.
+    """
+    from pdctl import stage
+
+    dest.mkdir(parents=True, exist_ok=True)
+    out = {"sha256": {}, "keys": {}, "revision": hashlib.sha1(b"pdctl stand-in model").hexdigest()}
+    for pin in hv.get("pdctl_stage_wheels") or []:
+        data = ("stand-in of %s\n" % pin["file"]).encode()
+        base = dest / pin["source"]
+        folder = base if pin.get("layout") == "files" else base / stage._canonical(pin["name"])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / pin["file"]).write_bytes(data)
+        sha = out["sha256"][pin["file"]] = hashlib.sha256(data).hexdigest()
+        if pin.get("layout") != "files":
+            with open(folder / "index.html", "a") as index:  # PEP 503: one link per file, its sha256 after #
+                index.write('<a href="%s#sha256=%s">%s</a>\n' % (pin["file"].replace("+", "%2B"), sha, pin["file"]))
+    for name, repo in sorted((hv.get("pdctl_stage_apt") or {}).items()):
+        folder = dest / repo["source"]
+        folder.mkdir(parents=True, exist_ok=True)
+        stanzas = []
+        for item in repo.get("packages") or []:
+            package, _, version = item.partition("=")
+            deb = ("stand-in %s\n" % item).encode()
+            stanzas.append("Package: %s\nVersion: %s-1\nArchitecture: amd64\nFilename: ./%s.deb\nSize: %d\nSHA256: %s\n"
+                           % (package, version or "1.0", package, len(deb), hashlib.sha256(deb).hexdigest()))
+            (folder / ("%s.deb" % package)).write_bytes(deb)
+        packages = "\n".join(stanzas)
+        (folder / "Packages").write_text(packages)
+        (folder / "Release").write_text("Origin: %s\nSuite: ./\nSHA256:\n %s %d Packages\n" % (
+            STANDIN_KEY_NAME, hashlib.sha256(packages.encode()).hexdigest(), len(packages)))
+        key_dir = dest / ".keys" / name
+        apt_signing.sign(key_dir, folder)
+        out["keys"][name] = key_dir / apt_signing.PUBLIC_ASC
+    source = hv.get("pdctl_model_source", "")
+    if source.startswith("hf://"):
+        api = dest / "hub" / "api" / "models" / source[len("hf://"):].strip("/") / "revision"
+        api.mkdir(parents=True, exist_ok=True)
+        (api / out["revision"]).write_text('{"sha": "%s"}' % out["revision"])
+    return out

@@ -1,0 +1,120 @@
+"""`pdctl stage --check` (issue 38) on the production inventory: the registry's part resolved for real
+against the package registry (metadata only), every other upstream (FlashInfer's index and release
+downloads, NVIDIA's apt repositories, the Hub) a local stand-in served over HTTP with the inventory's
+source URLs pointed at it (--source, --key): the code path is the production one."""
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+
+import pytest
+import yaml
+
+from inventories import ROOT, inventory_variant
+from pdctl import cli, stage, store
+from pdctl.lab import store as lab_store
+
+B300 = ROOT / "inventories" / "b300"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The stand-ins of the unreachable upstreams, built from the production inventory and served."""
+    root = tmp_path_factory.mktemp("upstreams")
+    hv = stage.load(B300, {})
+    made = lab_store.stage_upstream_standins(root, hv)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(store._Handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = "http://127.0.0.1:%d" % server.server_address[1]
+    yield hv, made, url
+    server.shutdown()
+
+
+def _args(hv, made, url):
+    args = []
+    for name in hv["pdctl_stage_sources"]:
+        if name != "pypi":
+            args += ["--source", "%s=%s/%s/" % (name, url, name)]
+    for repo, key in made["keys"].items():
+        args += ["--key", "%s=%s" % (repo, key)]
+    return args
+
+
+def test_check_resolves_every_production_artifact_against_the_registry_and_the_stand_ins(served, tmp_path, capsys):
+    hv, made, url = served
+    # The production inventory with the pins filled in as an operator would (the stand-ins' sha256,
+    # a model commit), and the Hub pointed at the stand-in's revision API.
+    wheels = [dict(pin, sha256=made["sha256"][pin["file"]]) for pin in hv["pdctl_stage_wheels"]]
+    versions = dict(hv["pdctl_versions"], model_revision=made["revision"])
+    inv = inventory_variant(tmp_path / "inv", {"group_vars/all": {
+        "pdctl_stage_wheels": wheels, "pdctl_versions": versions, "pdctl_stage_model_hub": url + "/hub"}}, base="b300")
+    code = cli.main(["stage", "--check", "-i", str(inv)] + _args(hv, made, url))
+    out = capsys.readouterr().out
+    assert code == stage.EXIT_OK, out
+    rows = [line.split() for line in out.splitlines()[:-1]]
+    assert rows and all(r[0] == "ok" for r in rows), out
+    # The registry's part, resolved for the hosts' Python and platform, dependencies included, each with its sha256.
+    by_name = {(r[2], r[3]): r for r in rows}
+    for name, version in (("vllm", "0.33.0"), ("flashinfer-python", "0.7.2.post1"), ("vllm-router", "0.1.17"),
+                          ("nixl", "1.5.1")):
+        row = by_name[(name, version)]
+        assert row[4] == "pypi" and row[5] == "sha256" and len(row[6]) == 64, row
+    assert len([r for r in rows if r[4] == "pypi"]) > 50  # torch, CUDA libraries, ...
+    # FlashInfer's wheels from their named source, the architecture's JIT cache among them.
+    for pin in wheels:
+        assert any(pin["file"] in line and pin["sha256"] in line for line in out.splitlines()), pin["file"]
+    assert "flashinfer-jit-cache-sm103a" in out
+    # Every host-stack package from the signed stand-in repository; the model at its revision.
+    for repo in hv["pdctl_stage_apt"].values():
+        for item in repo["packages"]:
+            assert any(line.split()[:3] == ["ok", "deb", item.split("=")[0]] for line in out.splitlines()), item
+    assert "model nvidia/GLM-5.2-NVFP4" in " ".join(out.split()) and made["revision"] in out
+
+
+def test_check_names_a_file_whose_source_lists_another_sha256(served):
+    hv, made, url = served
+    hv = stage.load(B300, {n: "%s/%s/" % (url, n) for n in hv["pdctl_stage_sources"] if n != "pypi"})
+    pin = next(p for p in hv["pdctl_stage_wheels"] if p.get("layout") != "files")
+    row = stage.check_pinned_wheel(hv, dict(pin, sha256="0" * 64))
+    assert row.status == stage.MISSING and made["sha256"][pin["file"]] in row.detail, row
+    # Not pinned yet: the source's sha256 is shown to review, not taken.
+    row = stage.check_pinned_wheel(hv, dict(pin, sha256=""))
+    assert row.status == stage.UNPINNED and made["sha256"][pin["file"]] in row.detail, row
+    assert stage.exit_code([row]) == stage.EXIT_UNPINNED
+    assert stage.exit_code([row, stage.Row("wheel", "x", "1", "s", stage.MISSING)]) == stage.EXIT_MISSING
+
+
+def test_check_refuses_an_apt_repository_its_key_does_not_verify(served, tmp_path):
+    hv, made, url = served
+    keys = dict(made["keys"])
+    keys["cuda"] = keys["doca"]  # another repository's key
+    hv = stage.load(B300, {n: "%s/%s/" % (url, n) for n in hv["pdctl_stage_sources"] if n != "pypi"},
+                    {k: str(v) for k, v in keys.items()})
+    rows = stage.check_apt(hv)
+    cuda = [r for r in rows if r.source.startswith("cuda-ubuntu2404")]
+    assert cuda and all(r.status == stage.MISSING and "does not verify" in r.detail for r in cuda), cuda
+    assert all(r.status == stage.OK for r in rows if r.source.startswith("doca")), rows
+
+
+def test_unreachable_upstreams_are_told_apart_from_missing_pins():
+    hv = stage.load(B300, {"flashinfer-cu130": "http://127.0.0.1:9/", "flashinfer-releases": "http://127.0.0.1:9/"})
+    pin = next(p for p in hv["pdctl_stage_wheels"] if p.get("layout") != "files")
+    assert stage.check_pinned_wheel(hv, dict(pin, sha256="ab" * 32)).status == stage.UNREACHABLE
+    assert stage.check_pinned_wheel(hv, pin).status == stage.UNPINNED  # the production inventory: not pinned yet
+    rows = stage.check_model(hv)
+    assert rows[0].status == stage.UNPINNED and "placeholder" in rows[0].detail
+
+
+def test_production_inventory_names_a_source_for_every_pin():
+    hv = stage.load(B300, {})
+    names = {p["name"] for p in hv["pdctl_stage_wheels"]}
+    assert {"flashinfer-cubin", "flashinfer-jit-cache", "flashinfer-jit-cache-sm103a"} <= names
+    for pin in hv["pdctl_stage_wheels"]:
+        assert pin["version"].startswith(hv["pdctl_versions"]["flashinfer"]), pin  # == flashinfer-python's
+        assert pin["source"] in hv["pdctl_stage_sources"] and "sha256" in pin, pin
+    assert "flashinfer-cubin" not in " ".join(stage.registry_requirements(hv)[0])
+    text = (B300 / "group_vars/all/engine.yml").read_text()
+    assert "pdctl stage --check" in text  # says how a pin is filled
+    assert yaml.safe_load((B300 / "group_vars/all/host_stack.yml").read_text())["pdctl_cuda_apt_repo"] == {}
