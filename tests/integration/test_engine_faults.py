@@ -135,8 +135,11 @@ def test_sigterm_drains_then_exits_zero(model, tmp_path):
     time.sleep(0.5)
     eng.p.send_signal(signal.SIGTERM)
     time.sleep(0.3)
+    # As vLLM 0.33: the HTTP server still takes requests; its engine core rejects work added during the
+    # shutdown, which the client sees as HTTP 200 with finish_reason "abort" and no tokens.
     status, text = ce.http_post(eng.url + "/v1/chat/completions", chat(model))
-    assert status == 503 and json.loads(text)["error"]["code"] == 503
+    assert status == 200 and json.loads(text)["choices"][0]["finish_reason"] == "abort"
+    assert json.loads(text)["usage"]["completion_tokens"] == 0
     assert ce.http_get(eng.url + "/health")[0] == 200  # /health does not report draining
     t.join(20)
     assert result["in_flight"][0] == 200
@@ -183,8 +186,9 @@ def test_engine_runs_one_core_process_per_dp_rank(model, tmp_path):
         eng.stop()
 
 
-def test_sigterm_to_every_process_aborts_streams_in_flight(model, tmp_path):
-    """systemd's default KillMode=control-group: the engine cores die at once, the drain cannot help."""
+def test_sigterm_to_every_process_still_completes_streams_in_flight(model, tmp_path):
+    """systemd's default KillMode=control-group: as in vLLM 0.33 (EngineCore turns SIGTERM into a drain),
+    the engine cores finish their requests before they exit; the streams in flight complete."""
     prof = ce.write_profile(tmp_path / "p.yaml", latency={**FAST, "decode_step_ms": 100})
     eng = ce.start_engine(model, ["--shutdown-timeout", "30", "-dp", "2"], prof, tmp_path, "cgroup")
     time.sleep(0.5)
@@ -196,9 +200,33 @@ def test_sigterm_to_every_process_aborts_streams_in_flight(model, tmp_path):
         os.kill(pid, signal.SIGTERM)
     for t in threads:
         t.join(20)
-    completed = [r for r in result.values() if r[0] == 200 and r[1].rstrip().endswith("data: [DONE]")]
-    assert len(result) == 3 and not completed, result
-    assert eng.p.wait(10) != 0
+    assert len(result) == 3
+    for status, text in result.values():
+        assert status == 200 and text.rstrip().endswith("data: [DONE]"), text[-300:]
+        assert text.count('"finish_reason": "length"') == 1
+    assert eng.p.wait(10) == 0
+    assert not any(_alive(pid) for pid in cores)
+    eng.stop()
+
+
+def test_sigterm_to_an_engine_core_alone_drains_its_rank_then_the_server_stops(model, tmp_path):
+    """vLLM 0.33's EngineCore on SIGTERM: its requests finish, new ones end with finish_reason "abort", then
+    the core exits; an engine core gone while its API server is not stopping ends the server (exit 1)."""
+    prof = ce.write_profile(tmp_path / "p.yaml", latency={**FAST, "decode_step_ms": 100})
+    eng = ce.start_engine(model, ["--shutdown-timeout", "30"], prof, tmp_path, "core-term")
+    time.sleep(0.5)
+    (core,) = engine_cores(eng.p.pid)
+    result = {}
+    thread = _stream_in_background(eng, model, result, 0)
+    time.sleep(0.8)
+    os.kill(core, signal.SIGTERM)
+    time.sleep(0.3)
+    status, text = ce.http_post(eng.url + "/v1/chat/completions", chat(model))
+    assert status == 200 and json.loads(text)["choices"][0]["finish_reason"] == "abort"
+    thread.join(20)
+    status, text = result[0]
+    assert status == 200 and text.rstrip().endswith("data: [DONE]") and text.count('"finish_reason": "length"') == 1
+    assert eng.p.wait(15) == 1
     eng.stop()
 
 

@@ -52,7 +52,26 @@ def _ensure_vllm_rs(cache: Path) -> Path:
     binary = cache / f"vllm-{VLLM_VERSION}" / "vllm-rs"
     if binary.exists():
         return binary
-    wheels = cache / "wheels"
+    wheel = _wheel(cache / "wheels")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as zf, zf.open("vllm/vllm-rs") as src, open(tmp, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    tmp.replace(binary)
+    return binary
+
+
+def vllm_wheel(cache_dir=None) -> Path:
+    """The vllm==0.33.0 wheel itself (downloaded once, as ensure_vllm_rs does): the conformance tests read
+    its source to compare the engine stand-in with it."""
+    cache = _cache(cache_dir)
+    with _exclusive(cache, "vllm-%s" % VLLM_VERSION):
+        return _wheel(cache / "wheels")
+
+
+def _wheel(wheels: Path) -> Path:
     wheel = _find_wheel(wheels)
     if wheel is None:
         subprocess.run(
@@ -63,14 +82,7 @@ def _ensure_vllm_rs(cache: Path) -> Path:
         wheel = _find_wheel(wheels)
         if wheel is None:
             raise RuntimeError(f"pip download left no vllm {VLLM_VERSION} wheel in {wheels}")
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".part")
-    with zipfile.ZipFile(wheel) as zf, zf.open("vllm/vllm-rs") as src, open(tmp, "wb") as dst:
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
-    tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    tmp.replace(binary)
-    return binary
+    return wheel
 
 
 def _find_wheel(wheels: Path):

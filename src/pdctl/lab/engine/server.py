@@ -1,11 +1,15 @@
 """The stand-in's HTTP server (aiohttp): vLLM 0.33's OpenAI API, /metrics, P/D KV hand-off,
 profile-driven timing, SIGTERM drain and the profile's faults.
 
-Processes as in vLLM: this API server process plus one engine-core process per local DP rank. A
-SIGTERM to the API server drains (--shutdown-timeout), then it stops its engine cores itself. An
-engine core that exits on its own (vLLM's cores exit at once on SIGTERM, e.g. when systemd's
-KillMode=control-group signals every process of the unit) kills the requests in flight, and the
-API server exits with an error: that is what KillMode=mixed avoids."""
+Processes as in vLLM 0.33 (checked against the wheel: tests/unit/test_engine_conformance.py): this API
+server process plus one engine-core process per local DP rank. A SIGTERM to the API server drains
+(--shutdown-timeout), then it stops its engine cores itself. A SIGTERM to an engine core is a drain too
+(vLLM's EngineCore: shutdown requested): its rank finishes what it has, answers new requests with
+finish_reason "abort" and the core exits once idle. While the API server drains, its HTTP server still
+takes requests (and /health answers 200: vLLM's reports only a dead engine); new ones end at once with
+HTTP 200 and finish_reason "abort", as vLLM's engine core rejects work added during its shutdown. An
+engine core that dies while the server is not stopping (a crash, a kill -9) kills the requests in
+flight, and the API server exits with an error."""
 from __future__ import annotations
 
 import asyncio
@@ -33,10 +37,18 @@ BLOCK_SIZE = 64
 KV_CAPACITY_TOKENS = 1_000_000  # per DP rank, for vllm:kv_cache_usage_perc only
 DEFAULT_MAX_NUM_SEQS = 1024
 TRACE = bool(os.environ.get("PDCTL_ENGINE_TRACE"))
-# An engine core: nothing to compute here; it lives until its API server closes the pipe, and a
-# SIGTERM ends it at once (the default action), like vLLM's EngineCore processes.
-ENGINE_CORE = ("import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
-               "signal.signal(signal.SIGINT, signal.SIG_IGN); sys.stdin.buffer.read()")
+# An engine core: nothing to compute here; it lives until its API server closes the pipe. SIGTERM or
+# SIGINT is vLLM's "shutdown requested": the core tells its API server (a line on stdout), which drains
+# the core's rank and then closes the pipe.
+ENGINE_CORE = ("import os, signal, sys\n"
+               "def requested(signum, frame):\n"
+               "    os.write(1, b'shutdown requested %d\\n' % signum)\n"
+               "signal.signal(signal.SIGTERM, requested)\n"
+               "signal.signal(signal.SIGINT, requested)\n"
+               "sys.stdin.buffer.read()\n")
+# vLLM's API-key middleware guards only these path prefixes (serve/middleware/authenticate.py):
+# /invocations, /scale_elastic_ep, /metrics, /health and the rest need no key.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 
 
 def loop_now() -> float:
@@ -62,6 +74,8 @@ class Rank:
 
     def __init__(self, index: int, max_num_seqs: int):
         self.index = index
+        self.in_flight = 0       # requests given to this rank and not finished
+        self.stopping = False    # its engine core was asked to shut down: new requests are aborted
         self.running = 0
         self.waiting = 0
         self.kv_tokens = 0
@@ -380,8 +394,6 @@ def usage_of(req: dict, completion_tokens: int, engine: Engine) -> dict:
 async def handle_generate(request: web.Request, kind: str):
     engine: Engine = request.app["engine"]
     arrival = asyncio.get_running_loop().time()  # TTFT counts from receipt, parsing included
-    if engine.draining:
-        return error_response(503, "ServiceUnavailableError", "The server is shutting down; request rejected.")
     try:
         body = await request.json()
         if not isinstance(body, dict):
@@ -408,9 +420,15 @@ async def handle_generate(request: web.Request, kind: str):
         return error_response(exc.status, exc.err_type, exc.message)
     req = {"id": rid, "arrival": arrival, "prompt_tokens": prompt_tokens, "pieces": pieces, "finish": finish,
            "kv_params": kv_params, "rank": engine.pick_rank(request.headers.get("X-data-parallel-rank"))}
+    if engine.draining or req["rank"].stopping:
+        # vLLM's engine core rejects work added during its shutdown: HTTP 200, no tokens, "abort".
+        req.update(pieces=[], finish="abort")
+        log.info("request %s arrived during the shutdown: aborted", rid)
+        return await (_stream(request, engine, req, kind, body) if body.get("stream") else _full(engine, req, kind))
     if TRACE:
         log.info("trace %s arrival=%.4f parsed=%.4f", rid, time.time() - (loop_now() - arrival), time.time())
     engine.in_flight += 1
+    req["rank"].in_flight += 1
     engine.idle.clear()
     task = asyncio.current_task()
     engine.handlers.add(task)
@@ -421,6 +439,7 @@ async def handle_generate(request: web.Request, kind: str):
     finally:
         engine.handlers.discard(task)
         engine.in_flight -= 1
+        req["rank"].in_flight -= 1
         if engine.in_flight == 0:
             engine.idle.set()
         engine.finished_one()
@@ -429,7 +448,7 @@ async def handle_generate(request: web.Request, kind: str):
 async def _full(engine: Engine, req: dict, kind: str) -> web.Response:
     reasoning, content, n = [], [], 0
     try:
-        async for _, burst in engine.run(req):
+        async for _, burst in (engine.run(req) if req["pieces"] else _nothing()):
             for text, is_reasoning in burst:
                 (reasoning if is_reasoning else content).append(text)
             n += len(burst)
@@ -437,7 +456,7 @@ async def _full(engine: Engine, req: dict, kind: str) -> web.Response:
         return error_response(exc.status, exc.err_type, exc.message)
     created = int(time.time())
     usage = usage_of(req, n, engine)
-    kvp = engine.kv_params_out(req)
+    kvp = engine.kv_params_out(req) if req["finish"] != "abort" else None  # vLLM: an aborted request hands over no KV
     if kind == "chat":
         message = {"role": "assistant", "content": "".join(content), "refusal": None, "annotations": None,
                    "audio": None, "function_call": None, "tool_calls": [],
@@ -471,7 +490,16 @@ async def _stream(request: web.Request, engine: Engine, req: dict, kind: str, bo
         await resp.write(b"data: " + json.dumps(payload, separators=(", ", ": ")).encode() + b"\n\n")
 
     try:
-        async for _, burst in engine.run(req):
+        if not req["pieces"]:  # aborted before any token: one closing chunk, as vLLM sends
+            if kind == "chat":
+                await send({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}], "prompt_token_ids": None})
+                choice = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": req["finish"],
+                          "stop_reason": None, "token_ids": None}
+            else:
+                choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": req["finish"], "stop_reason": None}
+            await send({**head, "choices": [choice]})
+        async for _, burst in (engine.run(req) if req["pieces"] else _nothing()):
             if n == 0 and kind == "chat":
                 first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                               "logprobs": None, "finish_reason": None}],
@@ -517,6 +545,46 @@ async def _stream(request: web.Request, engine: Engine, req: dict, kind: str, bo
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+async def _nothing():
+    return
+    yield
+
+
+async def handle_invocations(request):
+    """vLLM's SageMaker route (always attached, no key): the body's type picks the endpoint."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, ValueError) as exc:
+        return error_response(400, "Bad Request", f"JSON decode error: {exc}")
+    if isinstance(body, dict) and "messages" in body:
+        return await handle_generate(request, "chat")
+    if isinstance(body, dict) and "prompt" in body:
+        return await handle_generate(request, "completion")
+    return error_response(400, "BadRequestError", "Cannot find suitable handler for request. Expected one of: "
+                          "['ChatCompletionRequest', 'CompletionRequest']")
+
+
+async def handle_scale_elastic_ep(request):
+    """vLLM's POST /scale_elastic_ep (attached for every generating model, no key): its checks of the body;
+    the stand-in runs without elastic EP, so only the current size 'succeeds' (vLLM skips that scale)."""
+    engine: Engine = request.app["engine"]
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, ValueError):
+        return error_response(400, "Bad Request", "Invalid JSON format")
+    size = body.get("new_data_parallel_size") if isinstance(body, dict) else None
+    drain = body.get("drain_timeout", 120) if isinstance(body, dict) else 120
+    if size is None:
+        return error_response(400, "Bad Request", "new_data_parallel_size is required")
+    if not isinstance(size, int) or size <= 0:
+        return error_response(400, "Bad Request", "new_data_parallel_size must be a positive integer")
+    if not isinstance(drain, int) or drain <= 0:
+        return error_response(400, "Bad Request", "drain_timeout must be a positive integer")
+    if size != engine.args.data_parallel_size:
+        return error_response(500, "Internal Server Error", "Scale failed")
+    return web.json_response({"message": f"Scaled to {size} data parallel engines"})
 
 
 async def handle_models(request):
@@ -595,7 +663,7 @@ def build_app(engine: Engine) -> web.Application:
 
     @web.middleware
     async def auth(request, handler):
-        if api_key and request.path.startswith("/v1") and \
+        if api_key and request.method != "OPTIONS" and request.path.startswith(GUARDED_PREFIX) and \
                 request.headers.get("Authorization") != f"Bearer {api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
@@ -614,6 +682,8 @@ def build_app(engine: Engine) -> web.Application:
     app.router.add_get("/version", handle_version)
     app.router.add_get("/load", handle_load)
     app.router.add_get("/metrics", handle_metrics)
+    app.router.add_post("/invocations", handle_invocations)
+    app.router.add_post("/scale_elastic_ep", handle_scale_elastic_ep)
     return app
 
 
@@ -681,12 +751,18 @@ async def start_engine_cores(engine: Engine, stop: asyncio.Event) -> list:
     for rank in range(engine.dp):
         proc = await asyncio.create_subprocess_exec(sys.executable, "-c", ENGINE_CORE,
                                                     "EngineCore_DP%d" % (engine.dp_start + rank),
-                                                    stdin=asyncio.subprocess.PIPE)
+                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         cores.append(proc)
+        proc.pdctl_requested = asyncio.create_task(core_shutdown_requested(engine, proc, engine.ranks[rank]))
 
         async def watch(proc=proc, rank=rank):
             rc = await proc.wait()
-            if getattr(proc, "pdctl_stopping", False):
+            if rc == 0 and engine.ranks[rank].stopping and not engine.draining:
+                # systemd signals every process of a unit at once: the API server's own SIGTERM may be
+                # handled a moment after its core finished its drain.
+                await asyncio.sleep(1.0)
+            # Stopped by its API server, or (while the server itself drains) done with its own drain.
+            if getattr(proc, "pdctl_stopping", False) or (rc == 0 and engine.draining and not engine.dead):
                 return
             log.error("EngineCore_DP%d (pid %d) died unexpectedly (rc %s): aborting %d requests in flight",
                       engine.dp_start + rank, proc.pid, rc, engine.in_flight)
@@ -699,6 +775,21 @@ async def start_engine_cores(engine: Engine, stop: asyncio.Event) -> list:
         proc.pdctl_watch = asyncio.create_task(watch())
     log.info("engine cores: %s", ", ".join(str(p.pid) for p in cores))
     return cores
+
+
+async def core_shutdown_requested(engine: Engine, proc, rank: Rank) -> None:
+    """vLLM's EngineCore on SIGTERM/SIGINT: shutdown requested. Its rank takes no new work (aborted), finishes
+    what it has (for --shutdown-timeout 0: nothing, the core goes at once), then the core exits."""
+    line = await proc.stdout.readline()
+    if not line:
+        return
+    log.info("[shutdown] EngineCore_DP%d: %s; %s %d in-flight requests", engine.dp_start + rank.index,
+             line.decode().strip(), "draining" if engine.args.shutdown_timeout else "aborting", rank.in_flight)
+    rank.stopping = True
+    while engine.args.shutdown_timeout and rank.in_flight:
+        await asyncio.sleep(0.05)
+    if proc.returncode is None:
+        proc.stdin.close()  # the core's busy loop ends: it exits 0
 
 
 async def stop_engine_cores(cores) -> None:
