@@ -186,17 +186,17 @@ def test_engine_runs_one_core_process_per_dp_rank(model, tmp_path):
         eng.stop()
 
 
-def test_sigterm_to_every_process_still_completes_streams_in_flight(model, tmp_path):
-    """systemd's default KillMode=control-group: as in vLLM 0.33 (EngineCore turns SIGTERM into a drain),
-    the engine cores finish their requests before they exit; the streams in flight complete."""
+def _sigterm_during_streams(model, tmp_path, name, signalled):
+    """Three streams in flight on a DP2 stand-in, then SIGTERM to signalled(api server pid, core pids);
+    asserts every stream completed and the server and its cores exited cleanly."""
     prof = ce.write_profile(tmp_path / "p.yaml", latency={**FAST, "decode_step_ms": 100})
-    eng = ce.start_engine(model, ["--shutdown-timeout", "30", "-dp", "2"], prof, tmp_path, "cgroup")
+    eng = ce.start_engine(model, ["--shutdown-timeout", "30", "-dp", "2"], prof, tmp_path, name)
     time.sleep(0.5)
     cores = engine_cores(eng.p.pid)
     result = {}
     threads = [_stream_in_background(eng, model, result, i) for i in range(3)]
     time.sleep(0.8)
-    for pid in [eng.p.pid] + cores:
+    for pid in signalled(eng.p.pid, cores):
         os.kill(pid, signal.SIGTERM)
     for t in threads:
         t.join(20)
@@ -207,6 +207,12 @@ def test_sigterm_to_every_process_still_completes_streams_in_flight(model, tmp_p
     assert eng.p.wait(10) == 0
     assert not any(_alive(pid) for pid in cores)
     eng.stop()
+
+
+def test_sigterm_to_every_process_still_completes_streams_in_flight(model, tmp_path):
+    """systemd's default KillMode=control-group: as in vLLM 0.33 (EngineCore turns SIGTERM into a drain),
+    the engine cores finish their requests before they exit; the streams in flight complete."""
+    _sigterm_during_streams(model, tmp_path, "cgroup", lambda server, cores: [server] + cores)
 
 
 def test_sigterm_to_an_engine_core_alone_drains_its_rank_then_the_server_stops(model, tmp_path):
@@ -232,20 +238,4 @@ def test_sigterm_to_an_engine_core_alone_drains_its_rank_then_the_server_stops(m
 
 def test_sigterm_to_the_api_server_only_completes_streams_then_stops_the_cores(model, tmp_path):
     """KillMode=mixed: SIGTERM reaches the main process only; it drains, then stops its cores."""
-    prof = ce.write_profile(tmp_path / "p.yaml", latency={**FAST, "decode_step_ms": 100})
-    eng = ce.start_engine(model, ["--shutdown-timeout", "30", "-dp", "2"], prof, tmp_path, "mixed")
-    time.sleep(0.5)
-    cores = engine_cores(eng.p.pid)
-    result = {}
-    threads = [_stream_in_background(eng, model, result, i) for i in range(3)]
-    time.sleep(0.8)
-    eng.p.send_signal(signal.SIGTERM)
-    for t in threads:
-        t.join(20)
-    assert len(result) == 3
-    for status, text in result.values():
-        assert status == 200 and text.rstrip().endswith("data: [DONE]"), text[-300:]
-        assert text.count('"finish_reason": "length"') == 1
-    assert eng.p.wait(10) == 0
-    assert not any(_alive(pid) for pid in cores)
-    eng.stop()
+    _sigterm_during_streams(model, tmp_path, "mixed", lambda server, cores: [server])
