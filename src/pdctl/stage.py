@@ -21,9 +21,11 @@ Exit codes:
   2  the inventory is invalid (nothing was looked up)
   3  nothing is known to be wrong, but a pin is missing (named: a sha256 or key to fill in)
 
-Without --check (wheels only so far, see docs/airgap.md): downloads every wheel into <store>/wheels
-(the named-source files checked against their sha256), writes the install sets' locks and clearsigns
-them with the store key into <store>/locks, where the hosts read them.
+Without --check (--store DIR --key-dir KEY_DIR): downloads every wheel into <store>/wheels (the
+named-source files checked against their sha256), writes the install sets' locks and clearsigns them
+with the store key into <store>/locks, where the hosts read them; mirrors the pinned apt packages from
+their verified repositories into <store>/apt (each .deb checked against its signed index), indexed and
+signed with the store key; copies the model's pinned revision into <store>/hub in the Hub's layout.
 
 `--source NAME=URL` points a named source elsewhere (a mirror; CI's local stand-ins of the upstreams
 this machine cannot reach) and `--key REPO=FILE` names the key its apt repository is signed with, so
@@ -449,6 +451,93 @@ def stage_wheels(hv: dict, store: Path, key_dir: Path) -> list[Path]:
     return signed
 
 
+def _download(url: str, target: Path, sha256: str) -> None:
+    """url into target, refused unless its sha256 is the one given (kept if already there and right)."""
+    if target.exists() and wheelhouse._sha256(target) == sha256:
+        return
+    tmp = target.with_name(target.name + ".part")
+    h = hashlib.sha256()
+    req = urllib.request.Request(url, headers={"User-Agent": "pdctl-stage"})
+    with urllib.request.urlopen(req, timeout=600) as resp, open(tmp, "wb") as out:  # noqa: S310 - pinned source
+        for chunk in iter(lambda: resp.read(1 << 20), b""):
+            h.update(chunk)
+            out.write(chunk)
+    if h.hexdigest() != sha256:
+        tmp.unlink()
+        raise StageError("%s: sha256 %s, expected %s" % (url, h.hexdigest(), sha256))
+    tmp.replace(target)
+
+
+def stage_apt(hv: dict, store: Path, key_dir: Path) -> Path:
+    """Every pinned package from its verified upstream repository into the store's flat repository
+    (each .deb checked against the sha256 of its signed index), indexed and signed with the store key."""
+    from pdctl import apt_signing
+
+    apt = store / "apt"
+    apt.mkdir(parents=True, exist_ok=True)
+    for name, repo in sorted((hv.get("pdctl_stage_apt") or {}).items()):
+        key = hv["_inventory_dir"] / repo["key"] if repo.get("key") else None
+        if key is None or not key.exists():
+            raise StageError("pdctl_stage_apt.%s: key file %s is not there" % (name, key))
+        uri = hv["pdctl_stage_sources"][repo["source"]].rstrip("/") + "/"
+        stanzas = fetch_apt_index(uri, key)
+        for item in repo.get("packages") or []:
+            package, _, version = item.partition("=")
+            found = _pick(stanzas, package, version)
+            if not found:
+                raise StageError("%s has no %s" % (uri, item))
+            filename = found["Filename"]
+            _download(uri + filename.lstrip("./") if filename.startswith("./") else uri + filename,
+                      apt / Path(filename).name, found["SHA256"])
+    with open(apt / "Packages", "w") as out:
+        subprocess.run(["apt-ftparchive", "packages", "."], cwd=apt, check=True, stdout=out)
+    release = subprocess.run(["apt-ftparchive", "release", "."], cwd=apt, check=True, capture_output=True, text=True).stdout
+    if not (apt / "Release").exists() or (apt / "Release").read_text() != release:
+        (apt / "Release").write_text(release)
+    apt_signing.sign(key_dir, apt)
+    return apt
+
+
+def stage_model(hv: dict, store: Path, token: str | None = None) -> Path:
+    """The pinned revision from the Hub into <store>/hub in the Hub's own layout (revision, tree, resolve),
+    every LFS file checked against its sha256, so the hosts' Hub client reads the store as it would the Hub."""
+    source, revision = hv.get("pdctl_model_source", ""), str(hv.get("pdctl_model_revision", ""))
+    if PLACEHOLDER_REVISION.match(revision):
+        raise StageError("pdctl_versions.model_revision is the all-zero placeholder: pin the Hub commit first")
+    repo = source[len("hf://"):].strip("/")
+    hub = hv["pdctl_stage_model_hub"].rstrip("/")
+    headers = {"Authorization": "Bearer %s" % token} if token else {}
+
+    def get(url):
+        req = urllib.request.Request(url, headers={"User-Agent": "pdctl-stage", **headers})
+        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - the pinned Hub
+            return resp.read()
+
+    data = json.loads(get("%s/api/models/%s/revision/%s" % (hub, repo, revision)))
+    if data.get("sha") != revision:
+        raise StageError("the Hub resolves %s to %s" % (revision, data.get("sha")))
+    entries = json.loads(get("%s/api/models/%s/tree/%s?recursive=true" % (hub, repo, revision)))
+    root = store / "hub"
+    for rel, body in (("api/models/%s/revision/%s" % (repo, revision), json.dumps({"sha": revision})),
+                      ("api/models/%s/tree/%s" % (repo, revision), json.dumps(entries))):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(body)
+    for e in entries:
+        if e.get("type") != "file":
+            continue
+        target = root / repo / "resolve" / revision / e["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        url = "%s/%s/resolve/%s/%s" % (hub, repo, revision, urllib.parse.quote(e["path"]))
+        if e.get("lfs"):
+            _download(url, target, e["lfs"]["oid"])
+        else:
+            body = get(url)
+            if hashlib.sha1(b"blob %d\0" % len(body) + body).hexdigest() != e["oid"]:
+                raise StageError("%s: git blob id differs from the tree's" % url)
+            target.write_bytes(body)
+    return root
+
+
 # -- command -------------------------------------------------------------------------------------------
 
 def _overrides(values: list[str], option: str = "--source") -> dict[str, str]:
@@ -479,10 +568,13 @@ def main(args) -> int:
     if not args.store or not args.key_dir:
         print("pdctl stage: staging needs --store DIR and --key-dir DIR (the store's signing key)", file=sys.stderr)
         return EXIT_INVALID
+    store, key_dir = Path(args.store), Path(args.key_dir)
     try:
-        for path in stage_wheels(hv, Path(args.store), Path(args.key_dir)):
+        for path in stage_wheels(hv, store, key_dir):
             print("signed %s" % path)
-    except (StageError, Unreachable, urllib.error.HTTPError) as exc:
+        print("signed %s" % stage_apt(hv, store, key_dir))
+        print("staged %s" % stage_model(hv, store, os.environ.get("HF_TOKEN")))
+    except (StageError, Unreachable, urllib.error.URLError, subprocess.CalledProcessError) as exc:
         print("pdctl stage: %s" % exc, file=sys.stderr)
         return EXIT_MISSING
     return EXIT_OK

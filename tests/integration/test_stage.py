@@ -118,3 +118,50 @@ def test_production_inventory_names_a_source_for_every_pin():
     text = (B300 / "group_vars/all/engine.yml").read_text()
     assert "pdctl stage --check" in text  # says how a pin is filled
     assert yaml.safe_load((B300 / "group_vars/all/host_stack.yml").read_text())["pdctl_cuda_apt_repo"] == {}
+
+
+def test_staging_mirrors_the_apt_packages_and_the_model_into_the_store_signed(served, tmp_path):
+    """Without --check: the stand-in repositories' packages into store/apt (checked against their signed
+    index), indexed and signed with the store key; the model's revision into store/hub in the Hub's layout."""
+    from pdctl import apt_signing
+    from ansible_collections.pdctl.vllm_pd.plugins.module_utils.model_sources import HubSource
+
+    hv, made, url = served
+    hv = stage.load(B300, {n: "%s/%s/" % (url, n) for n in hv["pdctl_stage_sources"] if n != "pypi"},
+                    {k: str(v) for k, v in made["keys"].items()})
+    hv.update(pdctl_model_revision=made["revision"], pdctl_stage_model_hub=url + "/hub")
+    store_dir, key_dir = tmp_path / "store", tmp_path / "key"
+    apt = stage.stage_apt(hv, store_dir, key_dir)
+    assert apt_signing.verify(apt, key_dir / apt_signing.PUBLIC_GPG)
+    packages = (apt / "Packages").read_text()
+    for repo in hv["pdctl_stage_apt"].values():
+        for item in repo["packages"]:
+            assert "Package: %s\n" % item.split("=")[0] in packages, item
+    stage.stage_model(hv, store_dir)
+    # The hosts' Hub client reads the store as the Hub.
+    with _serve(store_dir) as store_url:
+        source = HubSource("nvidia/GLM-5.2-NVFP4", made["revision"], endpoint=store_url + "/hub")
+        manifest = source.manifest(made["revision"])
+    assert manifest["revision"] == made["revision"]
+    assert sorted(f["path"] for f in manifest["files"]) == ["config.json", "model-00001-of-00001.safetensors"]
+    # A package whose bytes differ from the signed index is refused, naming it.
+    (apt / next(p.name for p in apt.glob("doca-ofed_*.deb"))).unlink()
+    original = stage._pick
+    stage._pick = lambda stanzas, package, version: dict(original(stanzas, package, version), SHA256="0" * 64)
+    try:
+        with pytest.raises(stage.StageError, match=r"\.deb: sha256 [0-9a-f]{64}, expected 0{64}"):
+            stage.stage_apt(hv, store_dir, key_dir)
+    finally:
+        stage._pick = original
+
+
+class _serve:
+    def __init__(self, root):
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(store._Handler, directory=str(root)))
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return "http://127.0.0.1:%d" % self.server.server_address[1]
+
+    def __exit__(self, *exc):
+        self.server.shutdown()

@@ -7,6 +7,7 @@ repository holds each package plus the dependencies the image lacks, and nothing
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -128,6 +129,20 @@ def describe(lab_dir: Path) -> str:
 STANDIN_KEY_NAME = "upstream stand-in (not NVIDIA's key)"
 
 
+def _standin_deb(folder: Path, package: str, version: str) -> Path:
+    """An empty package of that name and version (dpkg-deb), as an upstream repository would carry it."""
+    build = folder / (".build-" + package)
+    (build / "DEBIAN").mkdir(parents=True, exist_ok=True)
+    (build / "DEBIAN" / "control").write_text(
+        "Package: %s\nVersion: %s\nArchitecture: all\nMaintainer: pdctl lab <lab@invalid>\n"
+        "Description: stand-in of an upstream package (pdctl stage tests)\n" % (package, version))
+    deb = folder / ("%s_%s_all.deb" % (package, version))
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(build), str(deb)], check=True,
+                   capture_output=True)
+    shutil.rmtree(build)
+    return deb
+
+
 def stage_upstream_standins(dest: Path, hv: dict) -> dict:
     """Stand-ins of the upstreams `pdctl stage` reads that this machine cannot reach (FlashInfer's
     index and release downloads, NVIDIA's apt repositories, the Hub's revision API), laid out as the real
@@ -157,10 +172,10 @@ def stage_upstream_standins(dest: Path, hv: dict) -> dict:
         stanzas = []
         for item in repo.get("packages") or []:
             package, _, version = item.partition("=")
-            deb = ("stand-in %s\n" % item).encode()
-            stanzas.append("Package: %s\nVersion: %s-1\nArchitecture: amd64\nFilename: ./%s.deb\nSize: %d\nSHA256: %s\n"
-                           % (package, version or "1.0", package, len(deb), hashlib.sha256(deb).hexdigest()))
-            (folder / ("%s.deb" % package)).write_bytes(deb)
+            deb = _standin_deb(folder, package, "%s-1" % (version or "1.0"))
+            data = deb.read_bytes()
+            stanzas.append("Package: %s\nVersion: %s-1\nArchitecture: all\nFilename: ./%s\nSize: %d\nSHA256: %s\n"
+                           % (package, version or "1.0", deb.name, len(data), hashlib.sha256(data).hexdigest()))
         packages = "\n".join(stanzas)
         (folder / "Packages").write_text(packages)
         (folder / "Release").write_text("Origin: %s\nSuite: ./\nSHA256:\n %s %d Packages\n" % (
@@ -170,7 +185,22 @@ def stage_upstream_standins(dest: Path, hv: dict) -> dict:
         out["keys"][name] = key_dir / apt_signing.PUBLIC_ASC
     source = hv.get("pdctl_model_source", "")
     if source.startswith("hf://"):
-        api = dest / "hub" / "api" / "models" / source[len("hf://"):].strip("/") / "revision"
-        api.mkdir(parents=True, exist_ok=True)
-        (api / out["revision"]).write_text('{"sha": "%s"}' % out["revision"])
+        repo, rev = source[len("hf://"):].strip("/"), out["revision"]
+        api = dest / "hub" / "api" / "models" / repo
+        for sub in ("revision", "tree"):
+            (api / sub).mkdir(parents=True, exist_ok=True)
+        (api / "revision" / rev).write_text('{"sha": "%s"}' % rev)
+        # Two files: weights (LFS: sha256) and a config (git blob id), as the Hub's tree lists them.
+        files = {"model-00001-of-00001.safetensors": b"stand-in weights\n", "config.json": b"{}\n"}
+        tree = []
+        for path, body in files.items():
+            target = dest / "hub" / repo / "resolve" / rev / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(body)
+            entry = {"type": "file", "path": path, "size": len(body),
+                     "oid": hashlib.sha1(b"blob %d\0" % len(body) + body).hexdigest()}
+            if path.endswith(".safetensors"):
+                entry["lfs"] = {"oid": hashlib.sha256(body).hexdigest(), "size": len(body)}
+            tree.append(entry)
+        (api / "tree" / rev).write_text(json.dumps(tree))
     return out
