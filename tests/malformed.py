@@ -133,3 +133,11 @@ CASES += [
      {"group_vars/all": {"pdctl_min_prefill_instances": 3}, "host_vars/" + P1: {"pdctl_min_prefill_instances": 2}},
      ["hosts disagree on pdctl_min_prefill_instances", "2 on " + P1, "3 on " + D0 + ", " + P0]),
 ]
+
+# A top-level variable nothing reads (issue 37): Ansible takes the misspelling without a word and quarantine
+# silently stays off; the planner names it and the nearest known name.
+CASES.append(
+    ("misspelled-variable",
+     {"group_vars/all": {"pdctl_min_prefill_instance": 2}},
+     ["unknown variable pdctl_min_prefill_instance on " + D0 + ", " + P0 + ", " + P1,
+      "did you mean pdctl_min_prefill_instances?"]))

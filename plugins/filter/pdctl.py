@@ -8,7 +8,7 @@ import os
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import firewall, hwprofile, serving, topology
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import firewall, hwprofile, serving, topology, varnames
 
 
 def plan(hostvars, groups):
@@ -19,6 +19,9 @@ def plan(hostvars, groups):
         hosts[name] = {
             "groups": list(hv.get("group_names", [])),
             "vars": {k: hv[k] for k in topology.PLAN_VARS if k in hv},
+            # The planner refuses a pdctl_* name nothing reads (the untemplated variables, to see which
+            # names the inventory's own templates read).
+            "names": varnames.unread_names(hostvars.raw_get(name) if hasattr(hostvars, "raw_get") else hv),
         }
     try:
         return {"plan": topology.build_plan(hosts), "errors": []}

@@ -20,6 +20,8 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
                            each instance's KV NICs and CPUs follow its GPUs (place_on_hardware)
   pdctl_min_prefill_instances  optional, 1..planned prefill instances: a prefill host that fails its
                            host-stack checks is quarantined (quarantine()) while at least this many remain
+A host may also carry "names" (all its variable names): a `pdctl_*` name that no role, playbook or plugin
+reads is refused with the nearest known one (module_utils/varnames.py).
 Hosts in the `router` group (one or more) run the P/D router on pdctl_ports.router / router_metrics.
 Hosts in the `frontdoor` group (default: the router hosts) run the front door (HAProxy) on
 pdctl_ports.frontdoor / frontdoor_metrics and balance across every router.
@@ -30,6 +32,7 @@ import json
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import (
     ProfileError, placement, resolve as resolve_profile)
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import varnames
 
 KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
@@ -438,6 +441,10 @@ def build_plan(hosts):
 
     place_on_hardware(instances, hosts, problems)
     min_prefill = _min_prefill_instances(hosts, len(by_pool["prefill"]), problems)
+    # Hosts given with all their variable names (the CLI, the plan filter): a pdctl_* name nothing reads.
+    names = {h: hosts[h]["names"] for h in hosts if "names" in hosts[h]}
+    if names:
+        problems.extend(varnames.unknown_variables(names, varnames.known_variables()))
 
     if not routers:
         problems.append("the %s group must hold at least one host, found none" % ROUTER_GROUP)

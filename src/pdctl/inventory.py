@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from pdctl import collection
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology, varnames
 
 
 class InventoryError(Exception):
@@ -42,6 +42,7 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
             hosts[host.name] = {
                 "groups": sorted(g.name for g in host.get_groups() if g.name != "all"),
                 "vars": templar.template(wanted),
+                "names": varnames.unread_names(hv),  # the planner refuses a pdctl_* name nothing reads
             }
     except AnsibleError as exc:
         raise InventoryError("cannot read inventory %s: %s" % (path, exc)) from exc

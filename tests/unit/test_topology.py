@@ -212,3 +212,57 @@ def test_table_shows_every_router_and_the_front_door():
     assert "front door: https://10.89.64.13:8443 on lab-decode-0, lab-prefill-1 (metrics :8405)" in text
     assert "router: http://10.89.64.13:8000 on lab-decode-0 (metrics :29000)" in text
     assert "router: http://10.89.64.12:8000 on lab-prefill-1 (metrics :29000)" in text
+
+
+# ---------------------------------------------------------------- unknown top-level variables (issue 37)
+
+def _inventory_names(inv):
+    """Every top-level pdctl_* name the inventory's group_vars define."""
+    import yaml
+    names = set()
+    for path in (ROOT / "inventories" / inv / "group_vars").rglob("*.yml"):
+        names |= {k for k in (yaml.safe_load(path.read_text()) or {}) if k.startswith("pdctl_")}
+    return names
+
+
+@pytest.mark.parametrize("inv", ["b300", "lab"])
+def test_every_variable_the_inventories_define_is_read_somewhere(inv):
+    """The known names come from the code that reads them (roles, playbooks, plugins, src/pdctl), not from a
+    list kept by hand; every name the inventories set is among them or read by the inventory itself."""
+    from ansible_collections.pdctl.vllm_pd.plugins.module_utils import varnames
+    known = varnames.known_variables()
+    hosts = inventory.load(ROOT / "inventories" / inv)
+    unread = {n for h in hosts.values() for n in h["names"]}
+    assert not (_inventory_names(inv) - known) & unread, "names neither the code nor the inventory reads"
+    assert not varnames.unknown_variables({h: v["names"] for h, v in hosts.items()}, known)
+    assert set(topology.PLAN_VARS) - {"ansible_host"} <= known
+
+
+def test_a_name_only_the_inventory_reads_is_not_unknown():
+    from ansible_collections.pdctl.vllm_pd.plugins.module_utils import varnames
+    raw = {"pdctl_lab_dir": "/x", "pdctl_api_key": "{{ lookup('file', pdctl_lab_dir ~ '/key') }}",
+           "pdctl_min_prefill_instance": 2}
+    assert varnames.unread_names(raw) == ["pdctl_api_key", "pdctl_min_prefill_instance"]
+    problems = varnames.unknown_variables({"h1": varnames.unread_names(raw)}, varnames.known_variables())
+    assert problems == ["unknown variable pdctl_min_prefill_instance on h1: no role, playbook or plugin reads it "
+                        "(did you mean pdctl_min_prefill_instances?)"]
+
+
+def test_the_plan_filter_refuses_a_misspelled_variable_and_not_the_inventorys_own_helpers(tmp_path):
+    """Through Ansible (preflight's filter): the host's untemplated variables tell which pdctl_* names the
+    inventory's own templates read (pdctl_lab_dir), so only the misspelling is refused."""
+    from test_role_tasks import ANSIBLE_PLAYBOOK
+    book = tmp_path / "play.yml"
+    book.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.debug:\n"
+                    "        msg: \"{{ (hostvars | pdctl.vllm_pd.plan(groups)).errors | to_json }}\"\n"
+                    "      run_once: true\n      delegate_to: localhost\n")
+    for overrides, errors in (({}, []), ({"group_vars/all": {"pdctl_min_prefill_instance": 2}}, [
+            "unknown variable pdctl_min_prefill_instance on lab-decode-0, lab-prefill-0, lab-prefill-1: no role, "
+            "playbook or plugin reads it (did you mean pdctl_min_prefill_instances?)"])):
+        inv = inventory_variant(tmp_path / ("inv%d" % len(errors)), overrides)
+        res = subprocess.run([ANSIBLE_PLAYBOOK, str(book), "-i", str(inv)], cwd=ROOT, capture_output=True, text=True,
+                             env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin",
+                                  "HOME": str(tmp_path), "ANSIBLE_STDOUT_CALLBACK": "json"})
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        task = json.loads(res.stdout)["plays"][0]["tasks"][0]
+        assert json.loads(next(iter(task["hosts"].values()))["msg"]) == errors
