@@ -145,7 +145,7 @@ def test_generation_without_a_key_is_reachable_from_the_router_host_only(converg
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
     for inst in plan["instances"]:
         with pytest.raises(httpx.ConnectTimeout):
-            httpx.post("http://%s:%d/invocations" % (inst["address"], inst["api_port"]), json=body, timeout=2)
+            httpx.post("http://%s:%d/invocations" % (inst["address"], inst["api_port"]), json=body, timeout=1)
     script = ("import json, sys, urllib.request; r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], "
               "data=json.dumps(%r).encode(), headers={'Content-Type': 'application/json'}), timeout=30); "
               "print(r.status)" % body)
