@@ -18,6 +18,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from ansible_collections.pdctl.vllm_pd.plugins.filter import rollout as rollout_filter
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 
 from pdctl import collection, inventory, runner
@@ -28,6 +29,8 @@ PLAN_TASK = "Inventory describes a valid P/D deployment"
 GATE_VERDICT_TASK = "Both gates passed"
 # playbooks/upgrade.yml's last task: fails when a release switch was rolled back (the gates rejected it).
 UPGRADE_VERDICT_TASK = "Upgrade done, or rolled back"
+# upgrade_pass.yml's and maintenance.yml's plan of the run (rollout_plan's lines), printed by pdctl.
+ROLLOUT_PLAN_TASK = "Rollout plan"
 
 
 def add_parser(sub):
@@ -40,6 +43,9 @@ def add_parser(sub):
     u = sub.add_parser("upgrade", help="rolling upgrade to what the inventory says (playbooks/upgrade.yml): "
                        "one instance at a time, no request lost; --check prints the steps")
     _common_args(u)
+    u.add_argument("--plan", choices=["prefill", "release"],
+                   help="print the steps, capacity and estimated duration of a change of every prefill instance "
+                   "or of a new engine release, from the inventory alone (no host is contacted; nothing runs)")
     u.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml")
     r = sub.add_parser("rollback", help="back to the engine release before the last switch (playbooks/upgrade.yml "
                        "-e upgrade_rollback=true): the same two-pool switch, then the gates")
@@ -48,6 +54,9 @@ def add_parser(sub):
     m = sub.add_parser("maintain", help="host maintenance (playbooks/maintenance.yml): the driver release of the "
                        "manifest, one host at a time (--limit HOST for one), out of service and back, no request lost")
     _common_args(m)
+    m.add_argument("--plan", choices=["maintenance"], nargs="?", const="maintenance",
+                   help="print the steps, capacity and estimated duration of every host's turn, from the inventory "
+                   "alone (no host is contacted; nothing runs)")
     m.set_defaults(func=_cmd_run, playbook="playbooks/maintenance.yml")
 
 
@@ -169,6 +178,8 @@ def _cmd_run(args) -> int:
                "gates": {}, "failed_gates": [], "quarantined": [], "artifact_dir": None}
         _write(args, doc, _rejected_junit(args.playbook, problems))
         return EXIT_INVALID
+    if getattr(args, "plan", None):
+        return _print_plan(args)
     extra = ["-e", "upgrade_rollback=true"] if getattr(args, "rollback", False) else []
     for value in args.extra_vars:
         extra += ["-e", value]
@@ -182,6 +193,11 @@ def _cmd_run(args) -> int:
                                  progress=_progress_printer(sys.stderr))
     code = exit_code(result)
     doc = summary(result, args.playbook, args.inventory, code, time.monotonic() - t0)
+    # upgrade.yml / maintenance.yml print their steps for what the hosts have to do (ROLLOUT_PLAN_TASK).
+    for res in result.task_results(ROLLOUT_PLAN_TASK).values():
+        doc["rollout_plan"] = res.get("msg")
+        print("\n".join(res.get("msg") or []))
+        break
     _write(args, doc, junit(result, args.playbook))
     print("\npdctl run %s: %s (exit %d) in %.0fs; artifacts %s" % (args.playbook, doc["outcome"], code,
                                                                   doc["wall_s"], result.artifact_dir), file=sys.stderr)
@@ -190,6 +206,28 @@ def _cmd_run(args) -> int:
     for line in doc["quarantined"]:
         print("  %s" % line, file=sys.stderr)
     return code
+
+
+def _print_plan(args) -> int:
+    """--plan KIND: the rollout's steps for the inventory's plan, as if every instance (or host) had the change,
+    estimated with its timing model (pdctl_rollout_timing); nothing runs."""
+    timing = next(iter(inventory.load(args.inventory, names=("pdctl_rollout_timing",)).values()))["vars"]
+    plan = inventory.plan(args.inventory)
+    kwargs = {}
+    if args.plan == "maintenance":
+        # Router and front-door hosts reload the driver module instead of rebooting (maintenance_host.yml).
+        kwargs["reload_hosts"] = [r["host"] for r in plan["routers"]] + list(plan["frontdoor"]["hosts"])
+    try:
+        found = rollout_filter.rollout_plan(plan, args.plan, timing.get("pdctl_rollout_timing"), **kwargs)
+    except Exception as exc:  # the filter's AnsibleFilterError: a bad timing model
+        print("pdctl: %s" % exc, file=sys.stderr)
+        return EXIT_INVALID
+    print("\n".join(found["lines"]))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"inventory": str(args.inventory), "kind": args.plan, "steps": found["steps"],
+                                         "summary": found["summary"]}, indent=2) + "\n")
+    return EXIT_OK
 
 
 def _rejected_junit(playbook, problems):

@@ -1,0 +1,135 @@
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""module_utils/rollout_plan.py: the steps of a rollout, the capacity at each, the estimate from the timing
+model; on small plans built here (not an inventory), and `pdctl upgrade/maintain --plan`."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pdctl import collection
+
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan as rp
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import PlanError
+
+ROOT = collection.root()
+# Distinct powers of two: a step's seconds tell which parts it counted.
+TIMING = {"run_s": 1, "release_stage_s": 2, "router_ready_s": 4, "frontdoor_s": 8, "drain_s": 16,
+          "drain_bound_s": 1016, "engine_stop_s": 32, "engine_ready_s": 64, "canary_s": 128, "gates_s": 256,
+          "host_stack_s": 512, "reboot_s": 2048, "module_reload_s": 4096, "kv_path_s": 8192}
+
+
+def inst(name, host, pool, gpus):
+    return {"name": name, "host": host, "pool": pool, "gpus": list(range(gpus))}
+
+
+def plan(prefill_hosts=("p0", "p1"), per_host=2, decode_gpus=8):
+    instances = [inst("decode-0", "d0", "decode", decode_gpus)]
+    n = 0
+    for host in prefill_hosts:
+        for _ in range(per_host):
+            instances.append(inst("prefill-%d" % n, host, "prefill", 4))
+            n += 1
+    return {"instances": instances}
+
+
+def capacity(steps):
+    return [(s["prefill_in_service"], s["decode_gpus_in_service"]) for s in steps]
+
+
+def test_prefill_change_rolls_one_instance_at_a_time_at_n_minus_1():
+    steps = rp.prefill_steps(plan(), TIMING)
+    assert len(steps) == 1 + 3 * 4
+    assert capacity(steps) == [(4, 8)] + [(3, 8), (3, 8), (4, 8)] * 4
+    per_instance = (4 + 8 + 16) + (32 + 64 + 128) + 8
+    assert rp.summary(steps)["seconds"] == 1 + 4 * per_instance
+    # Each instance waits on its routers' streams once: at the bound, 1000 s more each.
+    assert rp.summary(steps)["bound_s"] == 1 + 4 * per_instance + 4 * 1000
+    assert all(s["prefill_total"] == 4 and s["decode_gpus_total"] == 8 for s in steps)
+
+
+def test_prefill_change_only_for_the_pending_instances_and_gated():
+    steps = rp.prefill_steps(plan(), TIMING, pending=["prefill-2"], gated=True)
+    assert [s["what"].split(" ")[0] for s in steps[1:4]] == ["prefill-2"] * 3
+    assert steps[-1]["seconds"] == 256 and "gates" in steps[-1]["what"]
+    # Nothing pending: no step but the run's, no gates.
+    assert len(rp.prefill_steps(plan(), TIMING, pending=[], gated=True)) == 1
+    with pytest.raises(PlanError, match="decode-0"):
+        rp.prefill_steps(plan(), TIMING, pending=["decode-0"])
+
+
+def test_release_switch_capacity_dips_to_the_new_pair():
+    steps = rp.release_steps(plan(), TIMING)
+    assert capacity(steps) == [(4, 8), (2, 8), (2, 8), (1, 4), (1, 4), (1, 4), (3, 8), (3, 8), (4, 8), (4, 8)]
+    # The old pool's hosts switch prefill first, the decode's last; each instance loads in turn.
+    assert steps[4]["what"].startswith("p1 switches") and steps[5]["what"].startswith("d0 switches")
+    assert steps[4]["seconds"] == 32 + 2 * (64 + 128) and steps[5]["seconds"] == 32 + 64 + 128
+    assert "prefill-0 starts" in steps[2]["what"] and "prefill-1's GPUs" in steps[2]["what"]
+    assert steps[-1]["seconds"] == 256
+    assert sum(s["drains"] for s in steps) == 3
+    assert "gates" not in rp.release_steps(plan(), TIMING, gated=False)[-1]["what"]
+
+
+def test_release_switch_needs_a_staging_host_with_two_prefill_instances():
+    assert rp.staging(plan(prefill_hosts=("b", "a")))[0] == "a"
+    with pytest.raises(PlanError, match="two prefill instances"):
+        rp.release_steps(plan(per_host=1), TIMING)
+
+
+def test_maintenance_prefill_hosts_first_decode_host_last_with_a_temporary_decode():
+    steps = rp.maintenance_steps(plan(), TIMING, reload_hosts=["d0"])
+    assert [s["what"].split(" ")[0].rstrip(":") for s in steps[1:]] == \
+        ["p0"] * 3 + ["p1"] * 3 + ["d0"] * 3 + ["the"]
+    assert capacity(steps) == [(4, 8), (2, 8), (2, 8), (4, 8), (2, 8), (2, 8), (4, 8), (3, 4), (3, 4), (4, 8), (4, 8)]
+    # Prefill hosts reboot, the decode host (router, front door) reloads the module.
+    assert steps[2]["seconds"] == 32 + 512 + 2048 and steps[8]["seconds"] == 16 + 32 + 512 + 4096
+    assert "prefill-3 leaves" in steps[7]["what"]
+    only = rp.maintenance_steps(plan(), TIMING, hosts=["p1"])
+    assert len(only) == 1 + 3 + 1 and "p1" in only[0]["what"] and "p0" not in only[0]["what"]
+    assert len(rp.maintenance_steps(plan(), TIMING, hosts=[])) == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"gates_s": None}, "gates_s must be seconds"),
+    ({"reboot_s": -1}, "reboot_s must not be negative"),
+    ({"drain_s": 2000}, "drain_s (2000) is above drain_bound_s"),
+    ({"drian_s": 1}, "drian_s is not a timing key"),
+])
+def test_a_bad_timing_model_is_named(change, message):
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        rp.check_timing(dict(TIMING, **change))
+
+
+def test_a_missing_timing_key_is_named_with_its_meaning():
+    timing = dict(TIMING)
+    del timing["engine_ready_s"]
+    with pytest.raises(PlanError, match=r"engine_ready_s is missing \(an instance starts"):
+        rp.steps("prefill", plan(), timing)
+    with pytest.raises(PlanError, match="unknown rollout kind"):
+        rp.steps("decode", plan(), TIMING)
+
+
+def test_render_lists_each_step_with_capacity_and_the_estimate():
+    lines = rp.render(rp.prefill_steps(plan(), TIMING, pending=["prefill-0"]), "T")
+    assert lines[0] == "T"
+    assert lines[2].startswith("  2. [prefill 3/4, decode GPUs 8/8] prefill-0 out")
+    assert lines[-1].startswith("Estimated duration: 4 min 21 s (21 min 01 s if every one of the 1 drains")
+    assert lines[-1].endswith("at least 3 prefill instance(s) and 8 decode GPUs")
+
+
+@pytest.mark.parametrize("name", ["b300", "lab"])
+def test_each_inventory_has_a_whole_timing_model(name):
+    doc = yaml.safe_load((ROOT / "inventories" / name / "group_vars/all/rollout.yml").read_text())
+    assert set(rp.check_timing(doc["pdctl_rollout_timing"])) == set(rp.TIMING_KEYS)
+
+
+def test_pdctl_upgrade_plan_prints_without_hosts(capsys, tmp_path):
+    from pdctl import cli
+    out = tmp_path / "plan.json"
+    assert cli.main(["upgrade", "-i", str(ROOT / "inventories" / "lab"), "--check", "--plan", "release",
+                     "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("Rollout plan: a new engine release")
+    assert printed[-1].startswith("Estimated duration: ")
+    doc = yaml.safe_load(out.read_text())
+    assert doc["summary"]["min_prefill_in_service"] == 1 and len(doc["steps"]) == len(printed) - 2
