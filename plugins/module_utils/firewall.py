@@ -275,12 +275,12 @@ def rules(plan, inputs):
         for router in (r for r in routers if r["host"] == host):
             if str(router.get("bind")) != "127.0.0.1":
                 ruleset.append(_port_rule(
-                    "router", "the router (and its standby during an upgrade) from the front-door hosts (%s)" % ", ".join(frontdoor["hosts"]),
-                    [router["port"]] + ([router["standby_port"]] if router.get("standby_port") else []),
+                    "router", "the router (and its standby during an upgrade, its aggregated router) from the front-door hosts (%s)" % ", ".join(frontdoor["hosts"]),
+                    [router[k] for k in ("port", "standby_port", "aggregated_port") if router.get(k)],
                     of(frontdoor["hosts"])))
             ruleset.append(_port_rule("router metrics", "the router's metrics from Prometheus and the admin networks",
-                                      [router["metrics_port"]] + ([router["standby_metrics_port"]]
-                                                                  if router.get("standby_metrics_port") else []),
+                                      [router[k] for k in ("metrics_port", "standby_metrics_port",
+                                                           "aggregated_metrics_port") if router.get(k)],
                                       monitors))
         if host in frontdoor["hosts"]:
             if frontdoor.get("port"):

@@ -38,12 +38,16 @@ KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
 INSTANCE_KEYS = ("pool", "name", "gpus", "api_port", "side_channel_port", "dp_rpc_port")
 PLANNED_PORT_KEYS = ("api_base", "side_channel_base", "dp_rpc_base", "router", "router_metrics",
-                     "frontdoor", "frontdoor_metrics", "router_standby", "router_standby_metrics")
+                     "frontdoor", "frontdoor_metrics", "router_standby", "router_standby_metrics",
+                     "router_aggregated", "router_aggregated_metrics")
 # Every host needs these; front-door hosts also need FRONTDOOR_PORT_KEYS. Router hosts may name
 # STANDBY_PORT_KEYS: the standby router a rolling upgrade runs while the router's membership changes.
 HOST_PORT_KEYS = PLANNED_PORT_KEYS[:5]
 FRONTDOOR_PORT_KEYS = ("frontdoor", "frontdoor_metrics")
 STANDBY_PORT_KEYS = ("router_standby", "router_standby_metrics")
+# Router hosts may name AGGREGATED_PORT_KEYS: a second router in regular (non-P/D) mode over the prefill
+# instances, the front door's route while no decode instance can serve (docs/decode-loss.md).
+AGGREGATED_PORT_KEYS = ("router_aggregated", "router_aggregated_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile",
@@ -234,6 +238,8 @@ def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
         service_claims += [(ports["router"], "router port"), (ports["router_metrics"], "router metrics port")]
         standby = _standby_ports(hostvars, host, problems)
         service_claims += [(port, "%s port" % key.replace("_", " ")) for key, port in standby.items() if port]
+        aggregated = _standby_ports(hostvars, host, problems, AGGREGATED_PORT_KEYS)
+        service_claims += [(port, "%s port" % key.replace("_", " ")) for key, port in aggregated.items() if port]
     if frontdoor:
         fd = _port_table(hostvars, host, [], FRONTDOOR_PORT_KEYS)  # _plan_frontdoor reports its problems
         if None not in fd.values() and len(fd) == len(FRONTDOOR_PORT_KEYS):
@@ -564,15 +570,16 @@ def _flat(msg):
     return " ".join(str(msg if msg is not None else "failed").split())
 
 
-def _standby_ports(hostvars, host, problems):
-    """The standby router's ports (both or neither), {key: int or None}."""
+def _standby_ports(hostvars, host, problems, keys=STANDBY_PORT_KEYS):
+    """An optional router's ports (the standby's, or with AGGREGATED_PORT_KEYS the aggregated router's):
+    both or neither, {key: int or None}."""
     ports = hostvars.get("pdctl_ports") or {}
-    given = [k for k in STANDBY_PORT_KEYS if k in ports]
-    if given and len(given) < len(STANDBY_PORT_KEYS):
-        problems.append("%s: pdctl_ports.%s needs pdctl_ports.%s too (the standby router's port and metrics port)"
-                        % (host, given[0], (set(STANDBY_PORT_KEYS) - set(given)).pop()))
+    given = [k for k in keys if k in ports]
+    if given and len(given) < len(keys):
+        problems.append("%s: pdctl_ports.%s needs pdctl_ports.%s too (the %s router's port and metrics port)"
+                        % (host, given[0], (set(keys) - set(given)).pop(), keys[0].split("_", 1)[1]))
     return {k: _as_int(ports[k], "%s: pdctl_ports.%s" % (host, k), problems) if k in ports else None
-            for k in STANDBY_PORT_KEYS}
+            for k in keys}
 
 
 def _plan_router(host, hostvars, frontdoors, by_pool):
@@ -583,6 +590,7 @@ def _plan_router(host, hostvars, frontdoors, by_pool):
     # ever needs the router port.
     bind = LOOPBACK if frontdoors == [host] else address
     standby = _standby_ports(hostvars, host, [])  # _plan_host reports their problems
+    aggregated = _standby_ports(hostvars, host, [], AGGREGATED_PORT_KEYS)
     return {
         "host": host,
         "address": address,
@@ -594,6 +602,12 @@ def _plan_router(host, hostvars, frontdoors, by_pool):
         "standby_port": standby["router_standby"],
         "standby_metrics_port": standby["router_standby_metrics"],
         "standby_url": "http://%s:%d" % (bind, standby["router_standby"]) if standby["router_standby"] else None,
+        # The aggregated router (degraded mode: the prefill instances serve whole requests while no decode
+        # can); same bind, its own ports, the same prefill_urls as workers; None when not planned.
+        "aggregated_port": aggregated["router_aggregated"],
+        "aggregated_metrics_port": aggregated["router_aggregated_metrics"],
+        "aggregated_url": ("http://%s:%d" % (bind, aggregated["router_aggregated"])
+                           if aggregated["router_aggregated"] else None),
         "prefill_urls": [i["url"] for i in by_pool["prefill"]],
         "decode_urls": [i["url"] for i in by_pool["decode"]],
     }
@@ -662,6 +676,9 @@ def format_table(plan):
         lines.append("front door: %s on %s (metrics :%d)" % (fd["url"], ", ".join(fd["hosts"]), fd["metrics_port"]))
     for r in plan.get("routers") or [plan["router"]]:
         lines.append("router: %s on %s (metrics :%d)" % (r["url"], r["host"], r["metrics_port"]))
+        if r.get("aggregated_url"):
+            lines.append("aggregated router (no decode: prefill serves whole requests): %s on %s (metrics :%d)"
+                         % (r["aggregated_url"], r["host"], r["aggregated_metrics_port"]))
     r = plan["router"]
     lines.append("  prefill upstreams: %s" % " ".join(r["prefill_urls"]))
     lines.append("  decode upstreams:  %s" % " ".join(r["decode_urls"]))

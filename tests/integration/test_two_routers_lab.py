@@ -24,14 +24,15 @@ def _with_second_router(tmp_path):
     return inventory_variant(tmp_path / "two-routers", {"hosts": hosts})
 
 
-def _frontdoor_servers():
-    """HAProxy's view of the router servers: {name: status} from its runtime socket."""
+def _frontdoor_servers(aggregated=False):
+    """HAProxy's view of the router servers: {name: status} from its runtime socket; with aggregated, also the
+    aggregated routers (degraded mode, docs/decode-loss.md)."""
     out = on_host("lab-decode-0", "sh", "-c", "echo 'show stat' | socat stdio /run/haproxy/admin.sock 2>/dev/null"
                   " || echo 'show stat' | python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX);"
                   " s.connect('/run/haproxy/admin.sock'); s.sendall(sys.stdin.buffer.read());"
                   " print(s.makefile().read())\"")
     rows = [line.split(",") for line in out.splitlines() if line.startswith("be_routers,")]
-    return {r[1]: r[17] for r in rows if r[1] not in ("BACKEND", "FRONTEND")}
+    return {r[1]: r[17] for r in rows if r[1] not in ("BACKEND", "FRONTEND") and (aggregated or not r[1].endswith("-aggregated"))}
 
 
 def _routers_in_rotation():
@@ -47,8 +48,9 @@ def two_routers(converged_lab, tmp_path):
     yield inv
     # Back to one router: the second host's router goes (unit and its key), the front door and the
     # firewalls forget it.
-    on_host(SECOND, "systemctl", "disable", "--now", "pdctl-router.service")
-    on_host(SECOND, "rm", "-f", "/etc/systemd/system/pdctl-router.service", "/etc/pdctl/router-secrets.env")
+    on_host(SECOND, "systemctl", "disable", "--now", "pdctl-router.service", "pdctl-router-aggregated.service")
+    on_host(SECOND, "rm", "-f", "/etc/systemd/system/pdctl-router.service",
+            "/etc/systemd/system/pdctl-router-aggregated.service", "/etc/pdctl/router-secrets.env")
     on_host(SECOND, "systemctl", "daemon-reload")
     result = runner.run_playbook("site.yml", ROOT / "inventories/lab", tags=TAGS, envvars=LAB_ENV)
     assert result.ok, result.failures

@@ -151,15 +151,17 @@ def test_lab_open_ports_are_exactly_the_planned_ones(lab_plan):
                                                                   "13345", "13346", "5690-5691"])
     assert open_ports(rules["lab-prefill-1"]) == open_ports(rules["lab-prefill-0"])
     # The front door beside the router: the router listens on 127.0.0.1, its port is open to no one.
-    assert open_ports(rules["lab-decode-0"]) == sorted(common + ["8100", "5600-5607", "13345", "29000", "29001", "8443",
-                                                                 "8405", "9090"])
+    # 29002: the aggregated router's metrics (degraded mode, docs/decode-loss.md); it listens on 127.0.0.1 too.
+    assert open_ports(rules["lab-decode-0"]) == sorted(common + ["8100", "5600-5607", "13345", "29000", "29001",
+                                                                 "29002", "8443", "8405", "9090"])
     assert who(rules, "lab-decode-0", 8000, EVERYONE) == set()
+    assert who(rules, "lab-decode-0", 8002, EVERYONE) == set()
 
 
 def test_an_unplanned_port_is_not_open_to_anyone(lab_plan):
     rules = firewall.rules(lab_plan, lab_inputs())
     for host in LAB:
-        for port in (1, 21, 80, 443, 3306, 5599, 5608, 8001, 8102, 8406, 13347, 29002, 32767, 61000, 65535):
+        for port in (1, 21, 80, 443, 3306, 5599, 5608, 8001, 8102, 8406, 13347, 29003, 32767, 61000, 65535):
             assert who(rules, host, port, EVERYONE) == set(), (host, port)
     for host in ("lab-prefill-0", "lab-prefill-1"):
         assert who(rules, host, 8443, EVERYONE) == who(rules, host, 29000, EVERYONE) == set()
@@ -187,6 +189,7 @@ def test_two_routers_behind_a_separate_front_door(tmp_path):
     rules = firewall.rules(plan, lab_inputs())
     for router in ("lab-decode-0", "lab-prefill-0"):
         assert who(rules, router, 8000, EVERYONE) == {"10.89.64.12"}    # the front-door host only
+        assert who(rules, router, 8002, EVERYONE) == {"10.89.64.12"}    # its aggregated router too
         assert who(rules, router, 8443, EVERYONE) == set()
         assert who(rules, router, 29000, EVERYONE) == {CONTROLLER, "10.89.64.13"}
     assert who(rules, "lab-prefill-1", 8443, EVERYONE) == EVERYONE

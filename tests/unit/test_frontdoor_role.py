@@ -63,13 +63,22 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     # One front-door host: it admits the whole limit; the queue is bounded.
     assert re.search(r"server admission abns@pdctl-routers maxconn %d maxqueue %d$" % (inflight, 2 * inflight), text, re.M)
     assert "queue(be_admission) ge %d" % (2 * inflight) in text
+    # The P/D routers first, then (degraded mode, issue 39) each router host's aggregated router: `balance
+    # first` sends every request to the first ready one, a retry to the next.
     servers = re.findall(r"^\s+server (\S+) (\S+)$", text, re.M)
-    assert servers == [(r["host"], "127.0.0.1:8000") for r in plan["routers"]]
+    assert servers == ([(r["host"], "127.0.0.1:8000") for r in plan["routers"]]
+                       + [(r["host"] + "-aggregated", "127.0.0.1:8002") for r in plan["routers"]])
+    assert "balance first" in text and "option redispatch 1" in text
     # Each router's standby (rolling upgrades) is configured out of rotation: only the upgrade brings it in.
     assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
         (r["host"] + "-standby", "127.0.0.1:8001") for r in plan["routers"]]
-    assert "default-server check inter 1000ms fall 2 rise 2" in text
-    assert "http-check send meth GET uri /liveness" in text
+    # The checks ask /readiness (503 once a whole role has no healthy worker), not /liveness (200 with every
+    # worker dead).
+    assert "default-server check inter 1000ms fastinter 250ms fall 2 rise 2" in text
+    assert "http-check send meth GET uri /readiness" in text
+    assert "/liveness" not in text
+    # The front door's own /health: 200 while any router (a backup when no other) can serve, else 503.
+    assert re.search(r"return status 200 .* if \{ path /health \} \{ nbsrv\(be_routers\) gt 0 \}", text)
     assert "retry-on conn-failure empty-response junk-response" in text
     assert "req.hdr_val(content-length) gt 8388608" in text
     assert "timeout http-request 10s" in text and "timeout server 1800s" in text
@@ -111,7 +120,8 @@ def test_two_front_door_hosts_share_the_limit(tmp_path):
         text = (out / host / "etc/haproxy/haproxy.cfg").read_text()
         assert "maxconn 8 maxqueue 16" in text
         assert re.findall(r"^\s+server (\S+) (\S+)$", text, re.M) == [
-            ("lab-decode-0", "10.89.64.13:8000"), ("lab-prefill-0", "10.89.64.11:8000")]
+            ("lab-decode-0", "10.89.64.13:8000"), ("lab-prefill-0", "10.89.64.11:8000"),
+            ("lab-decode-0-aggregated", "10.89.64.13:8002"), ("lab-prefill-0-aggregated", "10.89.64.11:8002")]
         assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
             ("lab-decode-0-standby", "10.89.64.13:8001"), ("lab-prefill-0-standby", "10.89.64.11:8001")]
 
