@@ -220,18 +220,40 @@ def test_lab_stages_one_lock_per_venv_named_as_the_roles_ask(tmp_path, monkeypat
             (wheel,) = [w for w in wheels.glob("*.whl")
                         if wheelhouse._canonical(w.name.split("-")[0]) == name and w.name.split("-")[1] == version]
             assert hashes == [wheelhouse._sha256(wheel)], name
+    # Every lock is published clearsigned with this lab's key (store/locks), what the hosts read (issue 38).
+    keyring = tmp_path / "lab" / "apt-signing" / apt_signing.PUBLIC_GPG
+    locks = tmp_path / "lab" / "store" / "locks"
+    assert sorted(p.name for p in locks.iterdir()) == sorted(wheelhouse.signed_name(p.name[len("requirements-"):-len(".txt")])
+                                                             for p in wheels.glob("requirements-*.txt"))
+    for lock in wheels.glob("requirements-*.txt"):
+        assert wheelhouse.verify_lock(locks / (lock.name + ".asc"), keyring) == lock.read_text(), lock.name
 
 
 def test_roles_install_their_venvs_from_the_lock_with_hashes():
     vllm_defaults = yaml.safe_load((ROOT / "roles/vllm/defaults/main.yml").read_text())
     router_defaults = yaml.safe_load((ROOT / "roles/router/defaults/main.yml").read_text())
-    assert vllm_defaults["vllm_requirements_lock_url"].endswith("/requirements-vllm-{{ vllm_version }}.txt")
-    assert router_defaults["router_requirements_lock_url"].endswith("/requirements-router-{{ router_version }}.txt")
+    # The signed lock (issue 38): the store key clearsigns it, the host verifies it before pip reads it.
+    assert vllm_defaults["vllm_requirements_lock_url"].endswith("/locks/requirements-vllm-{{ vllm_version }}.txt.asc")
+    assert router_defaults["router_requirements_lock_url"].endswith(
+        "/locks/requirements-router-{{ router_version }}.txt.asc")
     env = yaml.safe_load((ROOT / "roles/vllm/vars/main.yml").read_text())["_vllm_pip_environment"]
     assert env["PIP_REQUIRE_HASHES"] == "1" and env["PIP_NO_DEPS"] == "1" and env["PIP_NO_INDEX"] == "1"
-    for path in ("roles/vllm/tasks/0010-venv.yml", "roles/router/tasks/0010-install.yml"):
-        pips = [t["ansible.builtin.pip"] for t in yaml.safe_load((ROOT / path).read_text()) if "ansible.builtin.pip" in t]
-        assert len(pips) == 1 and "lock_url" in pips[0]["requirements"], path
+    for path, role in (("roles/vllm/tasks/0010-venv.yml", "vllm"), ("roles/router/tasks/0010-install.yml", "router")):
+        tasks = yaml.safe_load((ROOT / path).read_text())
+        pips = [t["ansible.builtin.pip"] for t in tasks if "ansible.builtin.pip" in t]
+        assert len(pips) == 1 and "_%s_verified_lock" % role in pips[0]["requirements"], path
+        names = [t["name"] for t in tasks]
+        # verified, and refused unless verified (lock.yml), before pip or the lock's copy is used
+        verify = next(i for i, t in enumerate(tasks) if t.get("ansible.builtin.import_tasks") == "lock.yml")
+        assert verify < names.index("The verified lock is where pip reads it") < next(
+            i for i, t in enumerate(tasks) if "ansible.builtin.pip" in t)
+        lock = yaml.safe_load((ROOT / "roles" / role / "tasks/lock.yml").read_text())
+        gpgv = next(t for t in lock if "gpgv" in str(t.get("ansible.builtin.command", "")))
+        assert gpgv["ansible.builtin.command"]["argv"][:3] == ["gpgv", "--keyring", "{{ %s_lock_keyring }}" % role]
+        assert lock[-1]["name"] == "The lock is signed by the artifact store's key"
+    for role in ("vllm", "router"):
+        content = yaml.safe_load((ROOT / "roles" / role / "vars/main.yml").read_text())["_%s_lock_content" % role]
+        assert "_%s_lock_gpgv.stdout" % role in content, role
     assert "PIP_REQUIRE_HASHES" in (ROOT / "roles/router/tasks/0010-install.yml").read_text()
 
 
@@ -375,3 +397,163 @@ def test_preflight_memory_floor_accepts_a_host_with_1_tib_installed(tmp_path):
     ok, out = _host_check(tmp_path / "b", 960 * 1024)  # 960 GiB: not a 1 TiB host
     assert not ok
     assert "960.0 GiB memory (MemTotal)" in out and "1024 GiB installed" in out and "972.8 GiB" in out, out
+
+
+# ---------------------------------------------------------------- signed locks (issue 38)
+
+def test_a_signed_lock_verifies_to_its_text_and_an_edited_one_does_not(tmp_path, gpg):
+    _wheels(tmp_path / "wheels")
+    lock = wheelhouse.write_lock(tmp_path / "wheels", "demo", ["alpha==1.0"])
+    signed = wheelhouse.sign_lock(tmp_path / "key", lock, tmp_path / "locks")
+    assert signed == tmp_path / "locks" / "requirements-demo.txt.asc"
+    keyring = tmp_path / "key" / apt_signing.PUBLIC_GPG
+    assert wheelhouse.verify_lock(signed, keyring) == lock.read_text()
+    before = signed.read_bytes()
+    assert wheelhouse.sign_lock(tmp_path / "key", lock, tmp_path / "locks") == signed
+    assert signed.read_bytes() == before  # kept: it still verifies to the lock's text
+    # One hash edited in the signed text: gpgv refuses it.
+    text = signed.read_text()
+    signed.write_text(re.sub(r"sha256:[0-9a-f]", "sha256:f" if "sha256:0" in text else "sha256:0", text, count=1))
+    assert wheelhouse.verify_lock(signed, keyring) is None
+    # Another store's key does not vouch for ours.
+    apt_signing.ensure_key(tmp_path / "theirs")
+    signed.write_bytes(before)
+    assert wheelhouse.verify_lock(signed, tmp_path / "theirs" / apt_signing.PUBLIC_GPG) is None
+
+
+def test_host_base_installs_the_store_key_as_gpgv_reads_it(tmp_path, gpg):
+    """The armored key from the inventory, dearmored on the host: gpgv verifies a signed lock with it;
+    a second run changes nothing."""
+    _wheels(tmp_path / "wheels")
+    lock = wheelhouse.write_lock(tmp_path / "wheels", "demo", ["alpha==1.0"])
+    signed = wheelhouse.sign_lock(tmp_path / "key", lock)
+    keyring = tmp_path / "pdctl-store.gpg"
+    extravars = {"pdctl_service_user": "pdctl", "pdctl_artifact_store_url": STORE, "pdctl_model_path": "/m/x",
+                 "pdctl_real_kernel": False, "host_base_store_gpgv_keyring": str(keyring),
+                 "pdctl_artifact_store_signing_key": (tmp_path / "key" / apt_signing.PUBLIC_ASC).read_text()}
+    ok, out = run_role_tasks(tmp_path, "host_base", "0015-lock-keyring.yml", extravars)
+    assert ok, out
+    assert keyring.read_bytes() == (tmp_path / "key" / apt_signing.PUBLIC_GPG).read_bytes()
+    assert oct(keyring.stat().st_mode & 0o777) == "0o644"
+    assert wheelhouse.verify_lock(signed, keyring) == lock.read_text()
+    ok, out = run_role_tasks(tmp_path, "host_base", "0015-lock-keyring.yml", extravars)
+    assert ok and re.search(r"changed=0\b", out), out
+
+
+def test_b300_render_shows_the_hosts_apt_source_and_key_and_no_url_outside_the_store(tmp_path, capsys):
+    """Issue 38 acceptance 3: what `pdctl render -i inventories/b300` shows a host gets."""
+    from pdctl import cli
+
+    assert cli.main(["render", "-i", str(ROOT / "inventories/b300"), "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    hosts = sorted(p.name for p in tmp_path.iterdir())
+    assert hosts
+    store = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/host_requirements.yml").read_text())[
+        "pdctl_artifact_store_url"]
+    for host in hosts:
+        sources = sorted(p.name for p in (tmp_path / host / "etc/apt/sources.list.d").iterdir())
+        assert sources == ["pdctl-store.sources"], (host, sources)
+        text = (tmp_path / host / "etc/apt/sources.list.d/pdctl-store.sources").read_text()
+        assert "URIs: %s/apt/" % store in text and "Signed-By: /etc/apt/keyrings/pdctl-store.asc" in text
+        assert sorted(p.name for p in (tmp_path / host / "etc/apt/keyrings").iterdir()) == ["pdctl-store.asc"]
+    # Every URL a host is given: the store, or the plan's own instances (the P/D router's upstreams).
+    planned = {"192.0.2.11", "192.0.2.12", "192.0.2.13"}
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            for url in re.findall(r"https?://[^\s\"'<>,]+", path.read_text(errors="replace")):
+                assert url.startswith(store + "/") or re.match(r"https?://([\d.]+):", url).group(1) in planned, (path, url)
+
+
+@pytest.fixture
+def lock_server(tmp_path):
+    """A signed lock (and an edited copy) served over HTTP, and the store key as host_base installs it."""
+    import functools
+    import http.server
+    import threading
+
+    from pdctl import store
+
+    _wheels(tmp_path / "wheels")
+    lock = wheelhouse.write_lock(tmp_path / "wheels", "demo", ["alpha==1.0"])
+    signed = wheelhouse.sign_lock(tmp_path / "key", lock, tmp_path / "www" / "locks")
+    text = signed.read_text()
+    (signed.parent / "edited.txt.asc").write_text(text.replace("alpha==1.0", "alpha==1.1", 1))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(store._Handler, directory=str(tmp_path / "www")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {"url": "http://127.0.0.1:%d/locks/" % server.server_address[1], "lock": lock,
+           "keyring": str(tmp_path / "key" / apt_signing.PUBLIC_GPG)}
+    server.shutdown()
+
+
+@pytest.mark.parametrize("role", ["vllm", "router"])
+def test_the_roles_refuse_a_lock_the_store_key_did_not_sign(tmp_path, gpg, lock_server, role):
+    """roles/<role>/tasks/lock.yml on this machine against a served store: the signed lock passes and its
+    verified text is what the role goes on with; an edited one is refused naming the file; another key's
+    signature is refused too."""
+    def run(name, keyring, sub):
+        url = lock_server["url"] + name
+        (tmp_path / sub).mkdir()
+        return url, run_role_tasks(tmp_path / sub, role, "lock.yml", {
+            "%s_requirements_lock_url" % role: url, "%s_lock_keyring" % role: keyring, "vllm_switch_to": ""},
+            env={"PATH": "/usr/bin:/bin"})
+
+    url, (ok, out) = run("requirements-demo.txt.asc", lock_server["keyring"], "good")
+    assert ok, out
+    url, (ok, out) = run("edited.txt.asc", lock_server["keyring"], "edited")
+    assert not ok
+    assert "%s does not verify with the artifact store's key" % url in out and "BAD signature" in out, out
+    apt_signing.ensure_key(tmp_path / "theirs")
+    url, (ok, out) = run("requirements-demo.txt.asc", str(tmp_path / "theirs" / apt_signing.PUBLIC_GPG), "other")
+    assert not ok and "does not verify with the artifact store's key" in out, out
+    # A host host_base has not given the key yet is told so.
+    url, (ok, out) = run("requirements-demo.txt.asc", str(tmp_path / "missing.gpg"), "nokey")
+    assert not ok and "The store key for gpgv is not installed on this host" in out, out
+
+
+def test_router_install_refuses_a_swapped_wheel_and_an_edited_lock_and_installs_nothing(tmp_path, gpg):
+    """roles/router 0010-install.yml on this machine against a served store (real gpgv, real pip): a wheel
+    swapped in the store, and the signed lock edited in the store, are each refused with a message naming
+    the file, and nothing is installed."""
+    import functools
+    import http.server
+    import threading
+
+    from pdctl import store
+
+    www = tmp_path / "www"
+    _wheels(www / "wheels")
+    lock = wheelhouse.write_lock(www / "wheels", "router-9.9", ["alpha==1.0"])
+    signed = wheelhouse.sign_lock(tmp_path / "key", lock, www / "locks")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(store._Handler, directory=str(www)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = "http://127.0.0.1:%d" % server.server_address[1]
+    venvs = tmp_path / "venvs"
+
+    def install(sub):
+        (tmp_path / sub).mkdir()
+        return run_role_tasks(tmp_path / sub, "router", "0010-install.yml", {
+            "router_version": "9.9", "router_venvs_dir": str(venvs), "router_wheelhouse_url": base + "/wheels/",
+            "router_requirements_lock_url": base + "/locks/" + signed.name,
+            "router_lock_keyring": str(tmp_path / "key" / apt_signing.PUBLIC_GPG)})
+
+    try:
+        # A wheel swapped in the store (same name, other bytes): pip refuses it by the lock's sha256.
+        beta = wheelhouse.build_pure_wheel(www / "wheels", "beta", "2.0", {"beta/__init__.py": b"evil = 1\n"}, [])
+        ok, out = install("swapped")
+        assert not ok
+        assert "DO NOT MATCH THE HASHES" in out and "%s/wheels/%s" % (base, beta.name) in out, out
+        site = list(venvs.glob("router-9.9/lib/python3*/site-packages"))
+        assert not any((s / name).exists() for s in site for name in ("alpha", "beta")), "a refused install left files"
+        assert not (venvs / "router-9.9" / "pdctl-requirements.lock").exists()
+
+        # The signed lock edited in the store (a hash changed to the swapped wheel's): gpgv refuses it first.
+        text = signed.read_text()
+        old = wheelhouse.read_lock(lock)["beta"][1][0]
+        signed.write_text(text.replace(old, wheelhouse._sha256(beta)))
+        ok, out = install("edited")
+        assert not ok
+        assert "%s/locks/%s does not verify with the artifact store's key" % (base, signed.name) in out, out
+        assert "Nothing was installed" in out and "Router venv holds exactly" not in out, out
+        assert not any((s / name).exists() for s in site for name in ("alpha", "beta"))
+    finally:
+        server.shutdown()
