@@ -89,6 +89,23 @@ KILL_POINTS = [
 ]
 RELEASES = yaml.safe_load((INVENTORY / "group_vars/all/host_requirements.yml").read_text())["pdctl_lab_engine_releases"]
 
+# The instances' API ports admit the router hosts only (vLLM's POST /invocations generates without a key):
+# their /metrics are read from the router host.
+METRICS_GET = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())"
+
+
+def instance_metrics(url, timeout):
+    """The text of an instance's /metrics URL, read on the router host (FRONTDOOR_HOST runs the router)."""
+    try:
+        res = subprocess.run(["podman", "exec", FRONTDOOR_HOST, "python3", "-c", METRICS_GET, url, str(timeout)],
+                             capture_output=True, text=True, timeout=timeout + 20)
+    except subprocess.TimeoutExpired as exc:
+        raise httpx.TransportError("%s: no answer in %s s" % (url, timeout)) from exc
+    if res.returncode != 0:
+        raise httpx.TransportError("%s: %s" % (url, res.stderr.strip()[-200:]))
+    return res.stdout
+
+
 class CrossReleasePairs(threading.Thread):
     """A decode's count of KV pulls refused across releases (pdctl_lab_cross_release_pairs_total), read
     every second: the counter lives as long as the process, and a switch restarts the decode (and
@@ -104,7 +121,7 @@ class CrossReleasePairs(threading.Thread):
         first = True
         while not self._halt.is_set():
             try:
-                text = httpx.get(self.url, timeout=3).text
+                text = instance_metrics(self.url, 3)
                 if "kv_consumer" in text or "pdctl_lab_cross_release_pairs_total" in text:
                     pid = (re.findall(r"^process_start_time_seconds (\S+)$", text, re.M) or ["?"])[0]
                     count = sum(float(v) for v in re.findall(
@@ -198,7 +215,7 @@ def instance_releases():
     out = {}
     for inst in inventory.plan(INVENTORY)["instances"]:
         try:
-            text = httpx.get(inst["url"] + "/metrics", timeout=10).text
+            text = instance_metrics(inst["url"] + "/metrics", 10)
             found = re.findall(r'^pdctl_lab_engine_info\{[^}]*release="([^"]*)"', text, re.M)
             out[inst["name"]] = found[0] if found else None
         except httpx.HTTPError:
