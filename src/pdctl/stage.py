@@ -373,8 +373,13 @@ def check_model(hv: dict) -> list[Row]:
     repo = source[len("hf://"):].strip("/")
     where = "hub (%s) %s" % (hub, repo)
     if PLACEHOLDER_REVISION.match(revision):
+        try:  # what the Hub's main branch is now: a commit to review, never taken as the pin
+            now = json.loads(_get("%s/api/models/%s/revision/main" % (hub.rstrip("/"), repo))).get("sha")
+            seen = "the Hub's main is %s now (review, then pin it)" % now
+        except (Unreachable, urllib.error.HTTPError, ValueError) as exc:
+            seen = "and the Hub cannot be asked from here (%s)" % exc
         return [Row("model", repo, revision or "(none)", where, UNPINNED,
-                    "pdctl_versions.model_revision is the all-zero placeholder: pin the Hub commit")]
+                    "pdctl_versions.model_revision is the all-zero placeholder: pin the Hub commit; " + seen)]
     try:
         data = json.loads(_get("%s/api/models/%s/revision/%s" % (hub.rstrip("/"), repo, revision)))
     except Unreachable as exc:
