@@ -2,8 +2,9 @@
 lab downloads for vllm-rs; no torch, nothing installed) and fails when the stand-in and vLLM disagree.
 
 Covered: which paths need the API key, the routes, /health and new requests while draining, SIGTERM in the
-engine core, the fields of a prefill's kv_transfer_params, kv_load_failure_policy and the KV lease default,
-metric names and types (the stand-in's and every one pdctl's rules, dashboards, gates and soak read)."""
+API server and the engine core, the fields of a prefill's kv_transfer_params, the handshake compatibility
+rule, kv_load_failure_policy and the KV lease default, metric names and types (the stand-in's and every one
+pdctl's rules, dashboards, gates and soak read)."""
 from __future__ import annotations
 
 import ast
@@ -203,6 +204,26 @@ def test_kv_load_failure_policy_and_the_lease_default_are_vllms(wheel, model_dir
     assert re.search(r'"kv_lease_duration",\s*30\s*\)', worker)
     engine = make_engine(model_dir, PRODUCER)
     assert engine.load_failure_policy == "fail" and engine.lease_s == 30
+
+
+def test_the_handshake_compatibility_rule_covers_what_vllms_does_across_releases(wheel):
+    """vLLM refuses a peer whose compatibility hash differs (enforce_handshake_compat, on by default); the hash
+    covers the vLLM version, the model and the speculative config (what differs between the lab's releases
+    and models), not the TP size (checked apart, so heterogeneous TP is allowed). The stand-in's hash moves
+    with the same three and nothing else it models."""
+    from pdctl.lab.engine import kv
+
+    metadata = source(wheel, "distributed/kv_transfer/kv_connector/v1/nixl/metadata.py")
+    body = metadata[metadata.index("def compute_nixl_compatibility_hash"):]
+    factors = body[body.index("factors = {"):body.index("compat_hash = hash_factors(factors)")]
+    for factor in ('"vllm_version"', '"model"', '"speculative_config"', '"transfer_mode"'):
+        assert factor in factors
+    assert "tensor_parallel_size" not in factors
+    assert re.search(r'"enforce_handshake_compat",\s*True', source(
+        wheel, "distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"))
+    base = kv.compat_hash("0.33.0", "/m", "mtp")
+    assert len({base, kv.compat_hash("0.34.0", "/m", "mtp"), kv.compat_hash("0.33.0", "/n", "mtp"),
+                kv.compat_hash("0.33.0", "/m", "none")}) == 4
 
 
 # ---------------------------------------------------------------- metrics
