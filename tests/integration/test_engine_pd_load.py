@@ -32,3 +32,28 @@ def test_thousand_streamed_requests_through_router(tmp_path):
         router.stop()
         for p in procs:
             p.stop()
+
+
+def test_stream_load_through_the_router_sees_every_token(tmp_path):
+    """The one outcome rule needs each stream's token count: the usage chunk the load generator asks for
+    (stream_options.include_usage) reaches it through the real vllm-router in P/D mode; every request is ok
+    with exactly max_tokens tokens."""
+    import time
+
+    from pdctl.lab.load import StreamLoad
+
+    model = tokenizer.build(tmp_path / "model")
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST)
+    procs = [ce.start_engine(model, ce.PREFILL_ARGS, prof, tmp_path, "prefill"),
+             ce.start_engine(model, ce.DECODE_ARGS, prof, tmp_path, "decode")]
+    router = ce.start_router(tools.ensure_vllm_router(), procs[:1], procs[1:], tmp_path)
+    try:
+        with StreamLoad(router.url, "unused", clients=4, model=str(model)) as load:
+            time.sleep(4)
+        summary = load.summary()
+        assert summary["requests"] >= 8 and summary["failed_requests"] == 0, summary
+        assert {(o.finish_reason, o.tokens) for o in load.outcomes} == {("length", 24)}
+    finally:
+        router.stop()
+        for p in procs:
+            p.stop()

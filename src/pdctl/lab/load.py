@@ -49,6 +49,7 @@ class StreamLoad:
     max_tokens: int = 24
     verify: str | bool = True
     outcomes: list = field(default_factory=list)
+    model: str = MODEL
 
     def __post_init__(self):
         self._stop = threading.Event()
@@ -71,7 +72,7 @@ class StreamLoad:
     def _client(self, i):
         # ignore_eos: every answer is exactly max_tokens long (finish_reason length); the usage chunk
         # gives the count the rule checks.
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "client %d: tell me about GPUs." % i}],
+        body = {"model": self.model, "messages": [{"role": "user", "content": "client %d: tell me about GPUs." % i}],
                 "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
         headers = {"Authorization": "Bearer " + self.key}
