@@ -16,7 +16,7 @@ import yaml
 
 from conftest import LAB_ENV
 from inventories import ROOT
-from pdctl import inventory, runner
+from pdctl import inventory, outcome, runner
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -193,7 +193,8 @@ def test_never_more_than_n_in_flight_and_the_overflow_gets_503_with_retry_after(
         t0 = time.monotonic()
         with client(timeout=120) as c:
             with c.stream("POST", url + "/v1/chat/completions", headers=auth(),
-                          json=chat(max_tokens=64, stream=True, ignore_eos=True)) as resp:
+                          json=chat(max_tokens=64, stream=True, ignore_eos=True,
+                                    stream_options={"include_usage": True})) as resp:
                 body = b"".join(resp.iter_bytes())
                 return resp.status_code, resp.headers.get("retry-after"), body, time.monotonic() - t0
 
@@ -213,8 +214,11 @@ def test_never_more_than_n_in_flight_and_the_overflow_gets_503_with_retry_after(
         if code == 503:
             assert retry_after and int(retry_after) > 0
             assert json.loads(body)["error"]["code"] == 503
-        else:
-            assert b"data: [DONE]" in body
+        else:  # the one outcome rule: [DONE], finish_reason length, all 64 tokens
+            reader = outcome.StreamReader()
+            for line in body.decode().splitlines():
+                reader.feed(line)
+            assert b"data: [DONE]" in body and reader.kind(code, 64) is None, body[-300:]
     assert all(r[3] < 120 for r in results), "a request hung"
     assert 0 < peak["frontdoor"] <= n, peak
     assert peak["decode_running"] <= n, peak
