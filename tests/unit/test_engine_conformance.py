@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from inventories import ROOT
 from pdctl.lab import tokenizer as lab_tokenizer
 from pdctl.lab import tools
 from pdctl.lab.engine import args as engine_args, profile as engine_profile, server
 from pdctl.lab.engine.cli import load_model_dir
 from pdctl.lab.engine.metrics import EngineMetrics, Metric
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = "conformance-key"
 PRODUCER = ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}']
 
