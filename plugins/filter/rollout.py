@@ -9,6 +9,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan as rp
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_state as rs
 
 TITLES = {"prefill": "Rollout plan: a change of prefill instances, one at a time behind the standby routers",
           "release": "Rollout plan: a new engine release, the two-pool switch",
@@ -18,7 +19,7 @@ TITLES = {"prefill": "Rollout plan: a change of prefill instances, one at a time
 def rollout_plan(plan, kind, timing, pending=None, hosts=None, reload_hosts=(), gated=None):
     """pending: the prefill instances that change (prefill); hosts, reload_hosts: the hosts whose turn comes and
     those that reload the module (maintenance); gated: whether the gates end it (default: as the playbook does)."""
-    kwargs = {"prefill": {"pending": pending, "gated": bool(gated)},
+    kwargs = {"prefill": {"pending": pending, "gated": True if gated is None else bool(gated)},
               "release": {"gated": True if gated is None else bool(gated)},
               "maintenance": {"hosts": hosts, "reload_hosts": list(reload_hosts or ())}}.get(kind, {})
     try:
@@ -28,6 +29,17 @@ def rollout_plan(plan, kind, timing, pending=None, hosts=None, reload_hosts=(), 
     return {"steps": steps, "summary": rp.summary(steps), "lines": rp.render(steps, TITLES[kind])}
 
 
+def rollout_vars(hostvars, host):
+    """One host's serving configuration as the inventory has it: {var: value} of rollout_state.ROLLOUT_VARS."""
+    return {name: hostvars[host].get(name) for name in rs.ROLLOUT_VARS}
+
+
+def rollout_config_id(hostvars, hosts):
+    """The id of the serving configuration of these hosts (rollout_state.config_id)."""
+    return rs.config_id({host: rollout_vars(hostvars, host) for host in hosts})
+
+
 class FilterModule:
     def filters(self):
-        return {"rollout_plan": rollout_plan}
+        return {"rollout_plan": rollout_plan, "rollout_vars": rollout_vars, "rollout_config_id": rollout_config_id,
+                "rollout_current": rs.current, "rollout_decide": rs.decide, "rollout_record": rs.record}

@@ -108,7 +108,8 @@ def prefill_steps(plan, timing, pending=None, gated=False):
         s.add("%s back: the routers take the front door, the standby drains and leaves" % inst["name"],
               ["frontdoor_s"], n, dgpus)
     if gated and todo:
-        s.add("the gates (SLA, accuracy) through the front door", ["gates_s"], n, dgpus)
+        s.add("the gates (SLA, accuracy) through the front door; a failure rolls the same instances back, one at a "
+              "time, to the configuration before the change", ["gates_s"], n, dgpus)
     return s.steps
 
 
@@ -229,7 +230,7 @@ def _duration(seconds):
     seconds = int(round(seconds))
     if seconds < 120:
         return "%d s" % seconds
-    if seconds < 7200:
+    if seconds < 3600:
         return "%d min %02d s" % divmod(seconds, 60)
     return "%d h %02d min" % (seconds // 3600, seconds % 3600 // 60)
 
