@@ -50,6 +50,9 @@ def add_parser(sub):
     r = sub.add_parser("rollback", help="back to the engine release before the last switch (playbooks/upgrade.yml "
                        "-e upgrade_rollback=true): the same two-pool switch, then the gates")
     _common_args(r)
+    r.add_argument("--prefill", action="store_true",
+                   help="undo the last change of the prefill instances' configuration (flags, environment) instead: "
+                   "the configuration each host recorded before it, rolled one instance at a time, then the gates")
     r.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml", rollback=True)
     m = sub.add_parser("maintain", help="host maintenance (playbooks/maintenance.yml): the driver release of the "
                        "manifest, one host at a time (--limit HOST for one), out of service and back, no request lost")
@@ -180,7 +183,9 @@ def _cmd_run(args) -> int:
         return EXIT_INVALID
     if getattr(args, "plan", None):
         return _print_plan(args)
-    extra = ["-e", "upgrade_rollback=true"] if getattr(args, "rollback", False) else []
+    extra = []
+    if getattr(args, "rollback", False):
+        extra = ["-e", "upgrade_rollback=%s" % ("prefill" if args.prefill else "true")]
     for value in args.extra_vars:
         extra += ["-e", value]
     if args.check or args.diff:
