@@ -574,6 +574,16 @@ def main(args) -> int:
         print("pdctl stage: staging needs --store DIR and --key-dir DIR (the store's signing key)", file=sys.stderr)
         return EXIT_INVALID
     store, key_dir = Path(args.store), Path(args.key_dir)
+    # Every pin first, before gigabytes are downloaded.
+    unpinned = ["%s %s (sha256)" % (p["name"], p["version"]) for p in hv.get("pdctl_stage_wheels") or [] if not p.get("sha256")]
+    unpinned += ["pdctl_stage_apt.%s (key file %s)" % (n, r.get("key")) for n, r in sorted((hv.get("pdctl_stage_apt") or {}).items())
+                 if not r.get("key") or not (hv["_inventory_dir"] / r["key"]).exists()]
+    if PLACEHOLDER_REVISION.match(str(hv.get("pdctl_model_revision", ""))):
+        unpinned.append("pdctl_versions.model_revision (the all-zero placeholder)")
+    if unpinned:
+        print("pdctl stage: pins missing, nothing staged: %s (pdctl stage --check shows what the sources list)"
+              % ", ".join(unpinned), file=sys.stderr)
+        return EXIT_UNPINNED
     try:
         for path in stage_wheels(hv, store, key_dir):
             print("signed %s" % path)

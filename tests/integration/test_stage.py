@@ -165,3 +165,12 @@ class _serve:
 
     def __exit__(self, *exc):
         self.server.shutdown()
+
+
+def test_staging_refuses_to_start_while_a_pin_is_missing(tmp_path, capsys):
+    """The production inventory as shipped: nothing is downloaded, every missing pin is named."""
+    code = cli.main(["stage", "-i", str(B300), "--store", str(tmp_path / "store"), "--key-dir", str(tmp_path / "key")])
+    err = capsys.readouterr().err
+    assert code == stage.EXIT_UNPINNED and not (tmp_path / "store").exists()
+    for name in ("flashinfer-jit-cache-sm103a", "pdctl_stage_apt.cuda", "model_revision"):
+        assert name in err, err
