@@ -80,8 +80,14 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     # The front door's own /health: 200 while any router (a backup when no other) can serve, else 503.
     assert re.search(r"return status 200 .* if \{ path /health \} \{ nbsrv\(be_routers\) gt 0 \}", text)
     assert "retry-on conn-failure empty-response junk-response" in text
-    assert "req.hdr_val(content-length) gt 8388608" in text
+    assert "req.hdr_val(content-length) gt 2097152" in text
+    assert "req.hdrs,length gt 16384" in text
+    # Issue 40: the buffer holds the largest allowed request whole, so a request a router failed before
+    # streaming can be replayed however large its prompt; HAProxy's timeouts are inactivity bounds, the
+    # old worker after a reload keeps its streams as long as the routers' total deadline.
+    assert re.search(r"^\s+tune.bufsize %d$" % (2097152 + 16384 + 1024), text, re.M)
     assert "timeout http-request 10s" in text and "timeout server 1800s" in text
+    assert re.search(r"^\s+hard-stop-after 43144s$", text, re.M)
     # The key never travels past the front door nor into the log; the routers get the deployment's key
     # from HAProxy's environment.
     assert "http-request del-header authorization" in text
