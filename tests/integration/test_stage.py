@@ -174,3 +174,27 @@ def test_staging_refuses_to_start_while_a_pin_is_missing(tmp_path, capsys):
     assert code == stage.EXIT_UNPINNED and not (tmp_path / "store").exists()
     for name in ("flashinfer-jit-cache-sm103a", "pdctl_stage_apt.cuda", "model_revision"):
         assert name in err, err
+
+
+def test_staging_writes_signed_locks_the_vllm_role_accepts(served, tmp_path):
+    """Wheels staged for a small engine (one registry wheel and FlashInfer's pinned files from the stand-in
+    index, the router from the registry): every wheel in store/wheels, each lock clearsigned into store/locks,
+    the JIT cache pinned with its local version (+cu130) as the production requirement names it."""
+    from pdctl import apt_signing, wheelhouse
+
+    hv, made, url = served
+    hv = stage.load(B300, {n: "%s/%s/" % (url, n) for n in hv["pdctl_stage_sources"] if n != "pypi"})
+    hv["pdctl_stage_wheels"] = [dict(p, sha256=made["sha256"][p["file"]]) for p in hv["pdctl_stage_wheels"]]
+    production = hv["pdctl_engine"]
+    hv["pdctl_engine"] = {"packages": ["idna==3.10"] + [r for r in production["packages"] if r.startswith("flashinfer")],
+                          "packages_no_deps": production["packages_no_deps"]}
+    signed = stage.stage_wheels(hv, tmp_path / "store", tmp_path / "key")
+    assert sorted(p.name for p in signed) == ["requirements-router-0.1.17.txt.asc", "requirements-vllm-0.33.0.txt.asc"]
+    text = wheelhouse.verify_lock(signed[1], tmp_path / "key" / apt_signing.PUBLIC_GPG)
+    pins = dict(line.split(" ")[0].split("==") for line in text.splitlines() if "==" in line)
+    assert pins["flashinfer-jit-cache-sm103a"] == pins["flashinfer-jit-cache"] == "0.7.2.post1+cu130"
+    assert pins["flashinfer-cubin"] == "0.7.2.post1" and pins["idna"] == "3.10"
+    router = wheelhouse.verify_lock(signed[0], tmp_path / "key" / apt_signing.PUBLIC_GPG)
+    assert "vllm-router==0.1.17 --hash=sha256:" in router
+    for pin in hv["pdctl_stage_wheels"]:
+        assert wheelhouse._sha256(tmp_path / "store" / "wheels" / pin["file"]) == pin["sha256"]

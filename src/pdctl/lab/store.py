@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from pdctl import apt_signing, collection
+from pdctl import apt_signing, collection, wheelhouse
 from pdctl.lab import daemon, image
 
 GATEWAY = "10.89.64.1"  # the lab network's gateway: this machine, as the test hosts see it
@@ -157,12 +158,15 @@ def stage_upstream_standins(dest: Path, hv: dict) -> dict:
     dest.mkdir(parents=True, exist_ok=True)
     out = {"sha256": {}, "keys": {}, "revision": hashlib.sha1(b"pdctl stand-in model").hexdigest()}
     for pin in hv.get("pdctl_stage_wheels") or []:
-        data = ("stand-in of %s\n" % pin["file"]).encode()
         base = dest / pin["source"]
         folder = base if pin.get("layout") == "files" else base / stage._canonical(pin["name"])
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / pin["file"]).write_bytes(data)
-        sha = out["sha256"][pin["file"]] = hashlib.sha256(data).hexdigest()
+        # A real (empty) wheel of that name and version, under the pinned file name (its platform tags).
+        module = re.sub(r"[-.]", "_", pin["name"])
+        built = wheelhouse.build_pure_wheel(dest / ".build", pin["name"], pin["version"],
+                                            {"%s/__init__.py" % module: b'"""stand-in"""\n'}, [])
+        built.replace(folder / pin["file"])
+        sha = out["sha256"][pin["file"]] = wheelhouse._sha256(folder / pin["file"])
         if pin.get("layout") != "files":
             with open(folder / "index.html", "a") as index:  # PEP 503: one link per file, its sha256 after #
                 index.write('<a href="%s#sha256=%s">%s</a>\n' % (pin["file"].replace("+", "%2B"), sha, pin["file"]))
