@@ -306,8 +306,9 @@ def _packages(text: str) -> list[dict]:
 def _keyring(key_file: Path, tmp: Path) -> Path:
     """The armored key as a binary keyring gpgv reads."""
     out = tmp / (key_file.name + ".gpg")
-    subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "--output", str(out), str(key_file)], check=True,
-                   capture_output=True)
+    # A GnuPG home of its own (the temporary directory): nothing of the operator's is read or written.
+    subprocess.run(["gpg", "--homedir", str(tmp), "--batch", "--yes", "--dearmor", "--output", str(out), str(key_file)],
+                   check=True, capture_output=True)
     return out
 
 
