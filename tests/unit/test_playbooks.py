@@ -27,3 +27,24 @@ def test_every_role_follows_the_house_layout():
         for part in ("defaults/main.yml", "meta/argument_specs.yml", "tasks/main.yml"):
             assert (role / part).is_file(), "%s lacks %s" % (role.name, part)
 
+
+
+def _seed_host_token(hub_endpoint, store_url):
+    """The token site.yml hands the model_weights role, templated as Ansible does."""
+    import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    plays = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
+    role = next(r for play in plays for r in play.get("roles", [])
+                if isinstance(r, dict) and r.get("role") == "pdctl.vllm_pd.model_weights")
+    templar = Templar(loader=DataLoader(), variables={
+        "pdctl_model_hub_endpoint": hub_endpoint, "pdctl_artifact_store_url": store_url, "pdctl_hf_token": "hf_SECRET"})
+    return templar.template(trust_as_template(role["vars"]["model_weights_hub_token"])).strip()
+
+
+def test_the_seed_host_sends_no_token_to_the_stores_hub_mirror():
+    # The mirror is plain HTTP and needs no token (inventories/b300); a Hub of its own (the lab's stub,
+    # or a site's own Hub over HTTPS) gets it.
+    assert _seed_host_token("http://store.example:8780/hub", "http://store.example:8780/") == ""
+    assert _seed_host_token("http://10.89.64.1:8781", "http://10.89.64.1:8780") == "hf_SECRET"
