@@ -14,6 +14,14 @@ Scenarios:
   flag-interrupted
            flag, with the playbook killed (SIGKILL to its process group) 8, 30 and 45 s into three runs,
            each re-run; upgrade_s counts every run.
+  flag-bad-sla
+           a change of the prefill instances' configuration that breaks the SLA: their environment points the
+           engine stand-in at a profile with prefill 200x slower (PDCTL_ENGINE_PROFILE; a 4K prompt's TTFT ~4 s,
+           the lab's gate 2.5 s). The stand-in's latency knobs are its profile's, so in the lab the bad change is
+           an environment change; a flag rolls the same way. playbooks/upgrade.yml rolls the four prefill
+           instances, the gates fail, it rolls them back to the configuration each host recorded before the
+           change, runs the gates again and exits non-zero naming the gate; a second run with the same target is
+           refused; then the inventory's configuration, nothing to do.
   flag     a flag of the prefill pool changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml rolls
            the four prefill instances one at a time; then a second run (nothing to do) and a third that
            restores the inventory's flag, under the same load.
@@ -50,6 +58,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +73,8 @@ import yaml
 from pdctl import collection, inventory
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan
+
 ROOT = collection.root()
 INVENTORY = ROOT / "inventories" / "lab"
 FRONTDOOR_HOST = "lab-decode-0"
@@ -75,7 +86,9 @@ CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy",
                      "release-interrupted": "bad-sla"}
 DRIVER_SCENARIOS = ["driver", "driver-link-down"]
-SCENARIOS = ["flag", "flag-interrupted"] + sorted(RELEASE_SCENARIOS) + DRIVER_SCENARIOS
+SCENARIOS = ["flag", "flag-interrupted", "flag-bad-sla"] + sorted(RELEASE_SCENARIOS) + DRIVER_SCENARIOS
+# flag-bad-sla: the prefill instances' engine profile, with prefill 200x slower than the lab's.
+SLOW_PREFILL_PROFILE = "/etc/pdctl/engine/profile-slow-prefill.yml"
 # The host whose GPUs come back from the new driver with a link down (driver-link-down).
 LINK_DOWN_HOST = "lab-prefill-1"
 LAB_HOSTS = ["lab-prefill-0", "lab-prefill-1", "lab-decode-0"]
@@ -150,12 +163,13 @@ def client_key():
     return {c["name"]: c["key"] for c in clients}["tester"]
 
 
-def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=(), playbook="playbooks/upgrade.yml"):
+def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=(), playbook="playbooks/upgrade.yml",
+                inventory_dir=INVENTORY):
     """ansible-playbook playbooks/upgrade.yml on the lab; a Run (rc, seconds, hosts with changes, tail,
     rollback_s). Killed like an operator's kill -9 (SIGKILL to the playbook's whole process group):
     kill_after seconds in, or kill_at = ([regex, ...], seconds): that many seconds after lines matching
     each regex in turn have been printed."""
-    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), playbook, "-i", str(INVENTORY)]
+    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), playbook, "-i", str(inventory_dir)]
     if extra_vars:
         cmd += ["-e", "@" + str(extra_vars)]
     cmd += list(playbook_args)
@@ -204,6 +218,7 @@ def _read_lines(stream, lines, marks):
         lines.append(line.rstrip("\n"))
         # The rollback starts where it is recorded, or, resumed, where the run says it rolls back.
         if "rollback" not in marks and (line.startswith("TASK [Release switch record: rolling-back]")
+                                        or line.startswith("TASK [Prefill change record: rolling-back]")
                                         or "rolling back: the two-pool switch" in line):
             marks["rollback"] = time.monotonic()
     marks["end"] = time.monotonic()
@@ -221,6 +236,22 @@ def instance_releases():
         except httpx.HTTPError:
             out[inst["name"]] = None
     return out
+
+
+def estimate(scenario):
+    """The timing model's estimate (inventories/lab rollout.yml, rollout_plan) of the scenario's upgrade run, from
+    the lab's plan; None for the scenarios it does not model (killed runs, rollbacks)."""
+    timing = yaml.safe_load((INVENTORY / "group_vars/all/rollout.yml").read_text())["pdctl_rollout_timing"]
+    plan = inventory.plan(INVENTORY)
+    if scenario == "flag":
+        steps = rollout_plan.prefill_steps(plan, timing, gated=True)
+    elif scenario == "release":
+        steps = rollout_plan.release_steps(plan, timing)
+    elif scenario == "driver":
+        steps = rollout_plan.maintenance_steps(plan, timing, reload_hosts=[FRONTDOOR_HOST])
+    else:
+        return None
+    return rollout_plan.summary(steps)["seconds"]
 
 
 def flag_vars(tmp):
@@ -260,6 +291,8 @@ def main():
         time.sleep(3)
         if args.scenario in ("flag", "flag-interrupted"):
             problems += flag_scenario(args.scenario, tmp, result)
+        elif args.scenario == "flag-bad-sla":
+            problems += flag_bad_sla_scenario(tmp, result)
         elif driver:
             problems += driver_scenario(args.scenario, tmp, result)
         else:
@@ -287,6 +320,10 @@ def main():
     if result["cross_release_pairs"] or watcher.pairs:
         problems.append("%d KV pulls across releases (%d at the temporary decode)"
                         % (result["cross_release_pairs"] + watcher.pairs, watcher.pairs))
+    # The plan's estimate beside the measured run (issue 41: within 25%).
+    result["estimate_s"] = estimate(args.scenario)
+    if result["estimate_s"] and result["upgrade_s"]:
+        result["estimate_error"] = round(result["estimate_s"] / result["upgrade_s"] - 1, 3)
     result["verdict"] = "pass" if not problems else "fail: " + "; ".join(problems)
     print(json.dumps(result))
     return 0 if not problems else 1
@@ -325,6 +362,69 @@ def flag_scenario(scenario, tmp, result):
         problems.append("playbook exit %d/%d/%d: %s" % (up.rc, again.rc, back.rc, " | ".join(up.tail + back.tail)[:400]))
     if sum(again.changed.values()):
         problems.append("the second run changed %s" % again.changed)
+    return problems
+
+
+def slow_prefill_inventory(tmp):
+    """A copy of the lab inventory where the prefill hosts' engine environment names a profile whose prefill is 200x
+    slower (installed with the engine's files); the decode host keeps the inventory's. In the inventory, as an
+    operator would change it: extra vars would outrank the configuration the rollback restores (upgrade.yml
+    refuses to roll back under them)."""
+    from pdctl.lab.stage import ENGINE_PROFILE
+    profile = yaml.safe_load(ENGINE_PROFILE)
+    profile["latency"]["prefill_tokens_per_s"] //= 200
+    src = Path(tmp) / "profile-slow-prefill.yml"
+    src.write_text(yaml.safe_dump(profile))
+    engine = next(iter(inventory.load(INVENTORY, names=("pdctl_engine",)).values()))["vars"]["pdctl_engine"]
+    slow = dict(engine, files=engine["files"] + [{"src": str(src), "dest": SLOW_PREFILL_PROFILE}],
+                environment=dict(engine["environment"], PDCTL_ENGINE_PROFILE=SLOW_PREFILL_PROFILE))
+    dest = Path(tmp) / "inventory-slow-prefill"
+    shutil.copytree(INVENTORY, dest)
+    (dest / "group_vars" / "prefill").mkdir(parents=True, exist_ok=True)
+    # (JSON: the loaded values are Ansible str subclasses, which yaml.safe_dump refuses; JSON is YAML)
+    (dest / "group_vars" / "prefill" / "zz-slow-prefill.yml").write_text(json.dumps({"pdctl_engine": slow}))
+    # The lab's own files (.lab: keys, TLS, engine profile) for an inventory that is not in inventories/lab.
+    os.environ.setdefault("PDCTL_LAB_DIR", str(ROOT / ".lab"))
+    return dest
+
+
+def running_configs():
+    """{instance: the configuration id it started with (/run/pdctl/<name>.config)}."""
+    return {inst["name"]: subprocess.run(["podman", "exec", inst["host"], "cat", "/run/pdctl/%s.config" % inst["name"]],
+                                         capture_output=True, text=True).stdout.strip()
+            for inst in inventory.plan(INVENTORY)["instances"]}
+
+
+def flag_bad_sla_scenario(tmp, result):
+    """The prefill change the gates reject: rolled back by the playbook itself; a second run with the same target
+    refused; then the inventory's configuration (nothing to do)."""
+    problems = []
+    before = running_configs()
+    bad = slow_prefill_inventory(tmp)
+    up = run_upgrade(None, "upgrade (prefill instances on a slow profile)", inventory_dir=bad)
+    result.update(upgrade_s=round(up.took, 1), rollback_s=up.rollback_s)
+    after = running_configs()
+    result["configs_restored"] = after == before
+    if up.rc == 0 or "Upgrade rolled back" not in up.stdout:
+        problems.append("not rolled back (exit %d): %s" % (up.rc, " | ".join(up.tail)[:400]))
+    elif "the gates after the rollback passed" not in up.stdout:
+        problems.append("the gates failed after the rollback too")
+    else:
+        result["reason"] = re.findall(r"Upgrade rolled back: ([^\n\"]{0,200})", up.stdout)[:1]
+    if after != before:
+        problems.append("instances run %s, expected %s" % (after, before))
+    again = run_upgrade(None, "second run (same target)", inventory_dir=bad)
+    result.update(second_run_s=round(again.took, 1), second_run_changed=sum(again.changed.values()),
+                  second_run_exit=again.rc)
+    if sum(again.changed.values()) or "was rolled back" not in again.stdout:
+        problems.append("the second run was not refused unchanged (changed %s): %s"
+                        % (again.changed, " | ".join(again.tail)[:300]))
+    back = run_upgrade(None, "the inventory's configuration")
+    result["restore_s"] = round(back.took, 1)
+    if back.rc:
+        problems.append("restore exit %d: %s" % (back.rc, " | ".join(back.tail)[:400]))
+    for host in ("lab-prefill-0", "lab-prefill-1"):  # the lab as its inventory leaves it
+        subprocess.run(["podman", "exec", host, "rm", "-f", SLOW_PREFILL_PROFILE], check=False)
     return problems
 
 

@@ -103,8 +103,8 @@ def prefill_steps(plan, timing, pending=None, gated=False):
     for inst in todo:
         s.add("%s out: the standby router without it takes the front door, the routers' streams finish"
               % inst["name"], ["router_ready_s", "frontdoor_s", "drain_s"], n - 1, dgpus)
-        s.add("%s restarts on its new unit: stop, load, /health, canary" % inst["name"],
-              ["engine_stop_s", "engine_ready_s", "canary_s"], n - 1, dgpus)
+        s.add("%s restarts on its new unit: a canary on the old one, stop, load, /health, the same canary" % inst["name"],
+              ["canary_s", "engine_stop_s", "engine_ready_s", "canary_s"], n - 1, dgpus)
         s.add("%s back: the routers take the front door, the standby drains and leaves" % inst["name"],
               ["frontdoor_s"], n, dgpus)
     if gated and todo:

@@ -41,7 +41,7 @@ def test_prefill_change_rolls_one_instance_at_a_time_at_n_minus_1():
     steps = rp.prefill_steps(plan(), TIMING)
     assert len(steps) == 1 + 3 * 4
     assert capacity(steps) == [(4, 8)] + [(3, 8), (3, 8), (4, 8)] * 4
-    per_instance = (4 + 8 + 16) + (32 + 64 + 128) + 8
+    per_instance = (4 + 8 + 16) + (128 + 32 + 64 + 128) + 8  # a canary before the restart and after
     assert rp.summary(steps)["seconds"] == 1 + 4 * per_instance
     # Each instance waits on its routers' streams once: at the bound, 1000 s more each.
     assert rp.summary(steps)["bound_s"] == 1 + 4 * per_instance + 4 * 1000
@@ -113,7 +113,7 @@ def test_render_lists_each_step_with_capacity_and_the_estimate():
     lines = rp.render(rp.prefill_steps(plan(), TIMING, pending=["prefill-0"]), "T")
     assert lines[0] == "T"
     assert lines[2].startswith("  2. [prefill 3/4, decode GPUs 8/8] prefill-0 out")
-    assert lines[-1].startswith("Estimated duration: 4 min 21 s (21 min 01 s if every one of the 1 drains")
+    assert lines[-1].startswith("Estimated duration: 6 min 29 s (23 min 09 s if every one of the 1 drains")
     assert lines[-1].endswith("at least 3 prefill instance(s) and 8 decode GPUs")
 
 
