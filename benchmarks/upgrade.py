@@ -365,6 +365,16 @@ def flag_scenario(scenario, tmp, result):
     return problems
 
 
+def rolled_back_problems(up, result):
+    """The run the gates rejected: it rolled back by itself, the gates passed after, it failed naming them."""
+    if up.rc == 0 or "Upgrade rolled back" not in up.stdout:
+        return ["not rolled back (exit %d): %s" % (up.rc, " | ".join(up.tail)[:400])]
+    if "the gates after the rollback passed" not in up.stdout:
+        return ["the gates failed after the rollback too"]
+    result["reason"] = re.findall(r"Upgrade rolled back: ([^\n\"]{0,200})", up.stdout)[:1]
+    return []
+
+
 def slow_prefill_inventory(tmp):
     """A copy of the lab inventory where the prefill hosts' engine environment names a profile whose prefill is 200x
     slower (installed with the engine's files); the decode host keeps the inventory's. In the inventory, as an
@@ -405,12 +415,7 @@ def flag_bad_sla_scenario(tmp, result):
     result.update(upgrade_s=round(up.took, 1), rollback_s=up.rollback_s)
     after = running_configs()
     result["configs_restored"] = after == before
-    if up.rc == 0 or "Upgrade rolled back" not in up.stdout:
-        problems.append("not rolled back (exit %d): %s" % (up.rc, " | ".join(up.tail)[:400]))
-    elif "the gates after the rollback passed" not in up.stdout:
-        problems.append("the gates failed after the rollback too")
-    else:
-        result["reason"] = re.findall(r"Upgrade rolled back: ([^\n\"]{0,200})", up.stdout)[:1]
+    problems += rolled_back_problems(up, result)
     if after != before:
         problems.append("instances run %s, expected %s" % (after, before))
     again = run_upgrade(None, "second run (same target)", inventory_dir=bad)
@@ -462,12 +467,7 @@ def release_scenario(scenario, tmp, result, before):
     else:
         # Rolled back: the playbook fails naming the gate, every instance is back on what it ran before.
         expect = before
-        if up.rc == 0 or "Upgrade rolled back" not in up.stdout:
-            problems.append("not rolled back (exit %d): %s" % (up.rc, " | ".join(up.tail)[:400]))
-        elif "the gates after the rollback passed" not in up.stdout:
-            problems.append("the gates failed after the rollback too")
-        else:
-            result["reason"] = re.findall(r"Upgrade rolled back: ([^\n\"]{0,200})", up.stdout)[:1]
+        problems += rolled_back_problems(up, result)
     if after != expect:
         problems.append("instances run %s, expected %s" % (after, expect))
     again = run_upgrade(again_path, "second run (same target)")
