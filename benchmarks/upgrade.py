@@ -49,6 +49,10 @@ Scenarios:
            checks and stays out of service, the run stops there naming it, lab-decode-0 is not touched;
            then back to the manifest's release everywhere.
 
+estimate_s is the rollout plan's estimate of the scenario's upgrade run (plugins/module_utils/rollout_plan.py with
+the lab's timing model, inventories/lab/group_vars/all/rollout.yml; flag, release and driver), estimate_error
+its relative error against upgrade_s.
+
 The lab must be up and converged (`scripts/lab`). Prints progress on stderr, the JSON line on stdout.
 """
 from __future__ import annotations
