@@ -70,7 +70,8 @@ while True:
         pd, agg = [], []
         for line in lines[1:]:
             row = dict(zip(cols, line.split(",")))
-            if row.get("pxname") == "be_routers" and row["svname"] not in ("FRONTEND", "BACKEND") and row["status"] == "UP":
+            # "UP 1/2": a check failed, not yet out; still serving.
+            if row.get("pxname") == "be_routers" and row["svname"] not in ("FRONTEND", "BACKEND") and row["status"].startswith("UP"):
                 (agg if row["svname"].endswith("-aggregated") else pd).append(row["svname"])
         print(json.dumps({"t": time.time(), "pd": pd, "aggregated": agg}), flush=True)
     except OSError as exc:
