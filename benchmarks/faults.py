@@ -11,8 +11,8 @@ is up: the prefill instances serve whole requests) or "down".
 
 Scenarios:
   decode-kill       kill -9 of the decode instance's main process; systemd restarts it (Restart=on-failure).
-  decode-crashloop  the decode unit's engine exits at start (a drop-in points it at a profile file that does
-                    not exist) and is killed: systemd restarts it every RestartSec and it dies each time; after
+  decode-crashloop  the decode unit's main process exits 1 at start (a drop-in replaces its ExecStart) and the
+                    running one is killed: systemd restarts it every RestartSec and it dies each time; after
                     CRASHLOOP_S (60 s) the drop-in goes and the next restart comes up.
 
 The JSON line: scenario, requests, failed_requests, in_flight_at_fault (requests started before the fault
@@ -203,10 +203,11 @@ def prefill_units(plan):
 def crashloop_dropin(host, unit, present):
     path = "/etc/systemd/system/%s.d/%s" % (unit, CRASHLOOP_DROPIN)
     if present:
-        # The engine reads its profile at start: a file that is not there makes it exit 1 at once, every
-        # restart (as an engine that cannot load its weights would), until the drop-in goes.
-        on_host(host, "sh", "-c", "mkdir -p /etc/systemd/system/%s.d && printf '%%s\\n' '[Service]' "
-                "'Environment=PDCTL_ENGINE_PROFILE=/nonexistent/pdctl-faults-crashloop.yml' > %s" % (unit, path))
+        # Its main process exits 1 at once, every restart (as an engine that cannot load its weights would),
+        # until the drop-in goes. (Environment= would not do: the unit's EnvironmentFile= overrides it.)
+        on_host(host, "sh", "-c", "mkdir -p /etc/systemd/system/%s.d && printf '%%s\\n' '[Service]' 'ExecStart=' "
+                "'ExecStart=/bin/sh -c \"echo pdctl faults bench: the engine exits at start; exit 1\"' > %s"
+                % (unit, path))
     else:
         on_host(host, "rm", "-f", path)
     on_host(host, "systemctl", "daemon-reload")
