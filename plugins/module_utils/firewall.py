@@ -207,8 +207,8 @@ def rules(plan, inputs):
     if monitoring_host and monitoring_host not in router_hosts:
         raise FirewallError(["Prometheus' host %s is not a router host of the plan (%s): instance API ports, "
                              "which carry generation endpoints without a key, are open to the router hosts only, "
-                             "so Prometheus must run on one to scrape the instances" % (monitoring_host,
-                                                                                    ", ".join(router_hosts))])
+                             "so Prometheus must run on one to scrape the instances"
+                             % (monitoring_host, ", ".join(router_hosts))])
     frontdoor = _frontdoor(plan, routers)
     monitors = (of([monitoring_host]) if monitoring_host else []) + admin
     kv_tcp = None
@@ -275,7 +275,8 @@ def rules(plan, inputs):
         for router in (r for r in routers if r["host"] == host):
             if str(router.get("bind")) != "127.0.0.1":
                 ruleset.append(_port_rule(
-                    "router", "the router (and its standby during an upgrade, its aggregated router) from the front-door hosts (%s)" % ", ".join(frontdoor["hosts"]),
+                    "router", "the router (and its standby during an upgrade, its aggregated router) from the "
+                    "front-door hosts (%s)" % ", ".join(frontdoor["hosts"]),
                     [router[k] for k in ("port", "standby_port", "aggregated_port") if router.get(k)],
                     of(frontdoor["hosts"])))
             ruleset.append(_port_rule("router metrics", "the router's metrics from Prometheus and the admin networks",

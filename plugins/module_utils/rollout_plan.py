@@ -246,8 +246,7 @@ def render(step_list, title):
             x["decode_gpus_total"], x["what"], _duration(x["seconds"]), _duration(at)))
     total = summary(step_list)
     lines.append("Estimated duration: %s (%s if every one of the %d drains waits its bound); capacity at least "
-                  "%s prefill instance(s) and %s decode GPUs" % (
-                      _duration(total["seconds"]), _duration(total["bound_s"]),
-                      sum(x["drains"] for x in step_list), total["min_prefill_in_service"],
-                      total["min_decode_gpus_in_service"]))
+                 "%s prefill instance(s) and %s decode GPUs"
+                 % (_duration(total["seconds"]), _duration(total["bound_s"]), sum(x["drains"] for x in step_list),
+                    total["min_prefill_in_service"], total["min_decode_gpus_in_service"]))
     return lines
