@@ -18,6 +18,11 @@ def inventory_variant(dest: Path, overrides: dict | None = None, base: str = "la
     Group overrides land in a file sorted after the originals, so they win like an operator's edit.
     """
     shutil.copytree(ROOT / "inventories" / base, dest, symlinks=False)
+    if base == "lab":
+        # The lab inventory finds the lab's files (keys, profile) beside itself (../../.lab): a copy elsewhere
+        # still means this checkout's lab, as connection.yml has it (PDCTL_LAB_DIR first).
+        (dest / "group_vars" / "all" / "zz-lab-dir.yml").write_text(
+            "pdctl_lab_dir: \"{{ lookup('ansible.builtin.env', 'PDCTL_LAB_DIR') or '%s' }}\"\n" % (ROOT / ".lab"))
     for target, data in (overrides or {}).items():
         if target == "hosts":
             (dest / "hosts.yml").write_text(yaml.safe_dump(data))

@@ -4,20 +4,15 @@ requests through the aggregated router) instead of failing, and back to P/D by i
 
 The decode kill here is benchmarks/faults.py's decode-kill, shortened (the fault 4 s in, 3 s of load after
 P/D is back): the same figures and the same acceptance as the benchmark's JSON line."""
-import importlib.util
 import time
 
 import httpx
 import pytest
 
-from inventories import ROOT
+from pdctl.lab import faults
 from test_serving import CA, FRONTDOOR, INSTANCES, client_key, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
-
-_spec = importlib.util.spec_from_file_location("faults_bench", ROOT / "benchmarks" / "faults.py")
-faults = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(faults)
 
 PREFILL = {h: names for h, names in INSTANCES.items() if h != "lab-decode-0"}
 

@@ -9,11 +9,10 @@ import sys
 
 import pytest
 import yaml
+from ansible_collections.pdctl.vllm_pd.plugins.filter import deadline
 
 from inventories import ROOT
 
-sys.path.insert(0, str(ROOT / "plugins" / "filter"))
-import deadline  # noqa: E402
 
 PRODUCTION = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/router.yml").read_text())["pdctl_router"]
 

@@ -112,10 +112,10 @@ class StreamLoad:
                 "failed_by_kind": rule.count_kinds(o.kind for o in failed)}
 
 
-# Run on the front-door host: the routers the front door sends to (status UP, not draining or in
-# maintenance), each one's prefill upstreams (its unit's argv), and which of those answer /health.
-_CAPACITY_PROBE = r"""
-import json, re, socket, subprocess, urllib.request
+# Python run on the front-door host (python3 -c): ask(cmd) sends one command to HAProxy's runtime socket
+# and returns its answer. The probes here and in benchmarks/faults.py start with it.
+HAPROXY_ASK = r"""
+import json, socket, time
 def ask(cmd):
     s = socket.socket(socket.AF_UNIX); s.connect("/run/haproxy/admin.sock"); s.sendall(cmd.encode() + b"\n")
     out = b""
@@ -123,13 +123,20 @@ def ask(cmd):
         d = s.recv(65536)
         if not d: return out.decode()
         out += d
+"""
+
+# Run on the front-door host: the P/D routers the front door sends to (status UP, not draining or in
+# maintenance), each one's prefill upstreams (its unit's argv), and which of those answer /health; the
+# aggregated routers (degraded mode, docs/decode-loss.md) UP beside them, apart.
+_CAPACITY_PROBE = HAPROXY_ASK + r"""
+import re, subprocess, urllib.request
 lines = ask("show stat").splitlines()
 cols = lines[0][2:].split(",")
-active = []
+active, aggregated = [], []
 for line in lines[1:]:
     row = dict(zip(cols, line.split(",")))
     if row.get("pxname") == "be_routers" and row["svname"] not in ("FRONTEND", "BACKEND") and row["status"] == "UP":
-        active.append(row["svname"])
+        (aggregated if row["svname"].endswith("-aggregated") else active).append(row["svname"])
 prefill = set()
 for server in active:
     unit = "pdctl-router-standby.service" if server.endswith("-standby") else "pdctl-router.service"
@@ -141,7 +148,7 @@ for url in sorted(prefill):
         healthy.append(url) if urllib.request.urlopen(url + "/health", timeout=2).status == 200 else None
     except Exception:
         pass
-print(json.dumps({"active": active, "prefill": sorted(prefill), "healthy": healthy}))
+print(json.dumps({"active": active, "prefill": sorted(prefill), "healthy": healthy, "aggregated": aggregated}))
 """
 
 
@@ -155,7 +162,7 @@ class FrontdoorCapacity(threading.Thread):
         self._halt = threading.Event()
 
     def sample(self) -> dict:
-        """One reading now: {active, prefill, healthy}; {} when the probe failed (its error is kept)."""
+        """One reading now: {active, prefill, healthy, aggregated}; {} when the probe failed (its error is kept)."""
         proc = subprocess.run(["podman", "exec", self.frontdoor_host, "python3", "-c", _CAPACITY_PROBE],
                               capture_output=True, text=True)
         if proc.returncode:
