@@ -1,9 +1,9 @@
 """PromQL helpers for the monitoring tests: the expressions of our rules and dashboard, the metric names an
 expression selects, and the checked names of the exporters the lab does not run.
 
-The exporter names below were read from each exporter's own documentation/source (node_exporter's meminfo
-collector, HAProxy's built-in Prometheus exporter "promex", NVIDIA dcgm-exporter's default counters); they are
-kept separate from what the stand-in exposes so that a typo in a vLLM name cannot hide behind them.
+The exporters' names come from live captures (HAProxy's built-in exporter, Debian's node exporter, at the
+end of this file) and NVIDIA dcgm-exporter's counters; they are kept separate from what the stand-in exposes so
+that a typo in a vLLM name cannot hide behind them.
 """
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ ROOT = collection.root()
 RULES = ROOT / "roles/monitoring/files/pdctl-rules.yml"
 DASHBOARD = ROOT / "roles/monitoring/files/pdctl-dashboard.json"
 
-NODE_EXPORTER = {"node_memory_MemTotal_bytes", "node_memory_MemAvailable_bytes"}
-HAPROXY = {"haproxy_backend_current_queue", "haproxy_frontend_current_sessions", "haproxy_frontend_limit_sessions"}
 DCGM = {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"}
 PROMETHEUS = {"up"}  # written by Prometheus itself for every target
@@ -75,3 +73,12 @@ def exposition_names(text: str) -> set[str]:
         if line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return names
+
+
+# The exporters' own names as they really expose them: live captures of HAProxy 2.6's built-in exporter and
+# Debian's node exporter (tests/fixtures/metrics/README.md says how they were taken). Their process_*/go_*
+# series describe the exporter process, not what it exports.
+HAPROXY = {n for n in exposition_names((ROOT / "tests/fixtures/metrics/haproxy-2.6.12.prom").read_text())
+           if n.startswith("haproxy_")}
+NODE_EXPORTER = {n for n in exposition_names((ROOT / "tests/fixtures/metrics/node-exporter-1.5.0.prom").read_text())
+                 if n.startswith("node_")}
