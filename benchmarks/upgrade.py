@@ -75,6 +75,7 @@ import httpx
 import yaml
 
 from pdctl import collection, inventory
+from pdctl.lab import stage
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan
@@ -162,9 +163,8 @@ def log(msg):
 
 
 def client_key():
-    """The lab's `tester` client (.lab/secrets/clients.yml, made by `pdctl lab up`)."""
-    clients = yaml.safe_load((ROOT / ".lab" / "secrets" / "clients.yml").read_text())
-    return {c["name"]: c["key"] for c in clients}["tester"]
+    """The lab's `tester` client (made by `pdctl lab up`)."""
+    return stage.client_key(ROOT / ".lab")
 
 
 def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=(), playbook="playbooks/upgrade.yml",

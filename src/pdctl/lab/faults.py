@@ -32,9 +32,8 @@ import sys
 import threading
 import time
 
-import yaml
-
 from pdctl import collection, inventory
+from pdctl.lab import stage
 from pdctl.lab.load import HAPROXY_ASK, StreamLoad
 
 ROOT = collection.root()
@@ -74,9 +73,8 @@ def log(msg):
 
 
 def client_key():
-    """The lab's `tester` client (.lab/secrets/clients.yml, made by `pdctl lab up`)."""
-    clients = yaml.safe_load((ROOT / ".lab" / "secrets" / "clients.yml").read_text())
-    return {c["name"]: c["key"] for c in clients}["tester"]
+    """The lab's `tester` client (made by `pdctl lab up`)."""
+    return stage.client_key(ROOT / ".lab")
 
 
 def on_host(host, *argv, check=True):

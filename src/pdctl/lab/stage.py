@@ -58,6 +58,11 @@ def ensure_secrets(lab_dir: Path) -> None:
             json.dump(clients, fh)  # JSON is YAML: the inventory reads it with from_yaml
 
 
+def client_key(lab_dir: Path, name: str = "tester") -> str:
+    """A front-door client's key from the file ensure_secrets wrote (the benchmarks' and lab tests' client)."""
+    return {c["name"]: c["key"] for c in json.loads((lab_dir / "secrets" / "clients.yml").read_text())}[name]
+
+
 # -- model ---------------------------------------------------------------------------------------
 
 def ensure_model(lab_dir: Path, bind: str) -> str:
