@@ -25,6 +25,34 @@ def test_longest_stream_is_prefill_plus_every_token_at_the_tpot_with_margin():
     assert "request_timeout_secs" not in PRODUCTION
 
 
+# The fixed --request-timeout-secs the inventories carried before the deadline was derived.
+OLD_FIXED_S = 1800
+
+
+def test_the_old_fixed_deadline_cut_answers_that_the_derived_one_lets_finish():
+    spec = PRODUCTION["longest_stream"]
+    tpot_s = spec["tpot_ms"] / 1000
+    # At the SLA's TPOT the old deadline held 90K tokens, with no prefill at all; a 100K-token answer (2000 s)
+    # was cut, as was the longest legitimate one (a 1M-token answer after the longest prefill, ~6 h).
+    assert OLD_FIXED_S / tpot_s == 90000
+    for stream_s in (100000 * tpot_s, spec["prefill_s"] + spec["max_output_tokens"] * tpot_s):
+        assert OLD_FIXED_S < stream_s <= deadline.longest_stream_s(spec), stream_s
+
+
+@pytest.mark.parametrize("scale", [1, 16, 256])
+def test_scaling_the_durations_down_scales_the_deadline_down(scale):
+    """tests/integration/test_long_requests_lab.py runs the lab's routers with the longest answer and the
+    longest prefill divided by 256 (TPOT and margin kept): the deadline shrinks by the same factor (up to the
+    rounding up), 169 s, and the old fixed deadline scaled alike, 7.0 s, is shorter than its 1024-token answer
+    at the SLA's TPOT (20.5 s; the stand-in streams it in ~10 s, still over 7.0 s)."""
+    spec = PRODUCTION["longest_stream"]
+    small = dict(spec, max_output_tokens=spec["max_output_tokens"] // scale, prefill_s=spec["prefill_s"] / scale)
+    assert deadline.longest_stream_s(small) == pytest.approx(deadline.longest_stream_s(spec) / scale, abs=1)
+    if scale == 256:
+        assert deadline.longest_stream_s(small) == 169
+        assert OLD_FIXED_S / scale < 1024 * spec["tpot_ms"] / 1000 < deadline.longest_stream_s(small)
+
+
 @pytest.mark.parametrize("spec", [{"max_output_tokens": 1000, "tpot_ms": 20, "prefill_s": 10},
                                   {"max_output_tokens": 1000, "tpot_ms": 20, "prefill_s": 10, "margin": 0.5},
                                   {"max_output_tokens": "many", "tpot_ms": 20, "prefill_s": 10, "margin": 2}])
