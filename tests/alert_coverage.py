@@ -3,13 +3,18 @@
 A rule's selectors are read from its expression (metric name and the `job` matcher, if any); the series a
 job produces come from real sources (tests/fixtures/metrics/README.md): vLLM's names as the engine stand-in
 exposes them (they match vLLM 0.33.0's registration, shared/facts.md), Debian's node exporter and HAProxy 2.6
-captured live, the DCGM fields of the counters file the exporter is run with, and what Prometheus adds to
+captured live, what pdctl's unit memory collector writes for node exporter's textfile collector (the role's own
+script, run here on a /proc with one instance unit's process), the DCGM fields of the counters file the exporter is run with, and what Prometheus adds to
 every target (`up`, `scrape_*`). A selector with a job matcher must be produced by a job it matches; one
 without, by any job. Recorded series count as produced when their recording rule is covered.
 """
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import promql
 from pdctl import collection
@@ -41,13 +46,31 @@ def counters_names(text: str) -> set[str]:
     return {field for field, _, _ in read_counters(text)}
 
 
-def job_sources(dcgm_counters: str) -> dict[str, set[str]]:
-    """{job name: the series it produces}, for the jobs roles/monitoring can render."""
+UNIT_MEMORY_SCRIPT = ROOT / "roles/monitoring/files/pdctl-unit-memory"
+
+
+def unit_memory_names() -> set[str]:
+    """The series roles/monitoring's unit memory collector writes into node exporter's textfile directory: the
+    script itself, run once on a /proc holding one process of one instance unit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = Path(tmp) / "proc" / "4242"
+        proc.mkdir(parents=True)
+        (proc / "cgroup").write_text("0::/system.slice/pdctl-vllm-decode-0.service\n")
+        (proc / "status").write_text("Name:\tpython3\nRssAnon:\t    1024 kB\n")
+        out = Path(tmp) / "pdctl-units.prom"
+        subprocess.run([sys.executable, str(UNIT_MEMORY_SCRIPT), "--out", str(out), "--proc", str(proc.parent)],
+                       check=True)
+        return promql.exposition_names(out.read_text())
+
+
+def job_sources(dcgm_counters: str, unit_memory: bool = True) -> dict[str, set[str]]:
+    """{job name: the series it produces}, for the jobs roles/monitoring can render. unit_memory: the serving
+    hosts run the unit memory collector (its series come with the node job)."""
     return {
         "vllm": vllm_names(),
         # No rule reads the router's own metrics; its job is covered by the instance-down rule (`up`).
         "vllm_router": set(),
-        "node": capture_names("node-exporter-1.5.0.prom"),
+        "node": capture_names("node-exporter-1.5.0.prom") | (unit_memory_names() if unit_memory else set()),
         "haproxy": capture_names("haproxy-2.6.12.prom"),
         "dcgm": counters_names(dcgm_counters),
     }

@@ -94,14 +94,47 @@ def test_expired_lease_fails_decode(model, tmp_path):
         consumer.stop()
 
 
-def test_leak_rss(model, tmp_path):
+def _cores_anon_bytes(eng):
+    """RssAnon summed over the stand-in's engine-core processes (its API server's children)."""
+    children = open("/proc/%d/task/%d/children" % (eng.p.pid, eng.p.pid)).read().split()
+    total = 0
+    for pid in children:
+        status = open("/proc/%s/status" % pid).read()
+        total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssAnon:"))) * 1024
+    return len(children), total
+
+
+def _api_rss(eng):
+    return ce.metric_values(eng.metrics(), "process_resident_memory_bytes")[0]
+
+
+def test_leak_rss_grows_the_engine_cores_not_the_api_server(model, tmp_path):
+    """The recipe's leak was in the engine cores: the stand-in's leak faults grow them, so vLLM's
+    process_resident_memory_bytes (the API server's) does not show it."""
     prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"leak_rss_mb_per_min": 600})
-    eng = ce.start_engine(model, [], prof, tmp_path, "leak")
+    eng = ce.start_engine(model, ["-dp", "2"], prof, tmp_path, "leak")
     try:
-        before = ce.metric_values(eng.metrics(), "process_resident_memory_bytes")[0]
+        api_before, (cores, before) = _api_rss(eng), _cores_anon_bytes(eng)
         time.sleep(4.5)
-        after = ce.metric_values(eng.metrics(), "process_resident_memory_bytes")[0]
-        assert after - before > 25 * 2**20  # 10 MiB/s for ~4 s
+        api_after, (_, after) = _api_rss(eng), _cores_anon_bytes(eng)
+        assert cores == 2
+        assert after - before > 25 * 2**20  # 10 MiB/s over both cores for ~4 s
+        assert api_after - api_before < 5 * 2**20
+    finally:
+        eng.stop()
+
+
+def test_leak_per_request_grows_the_serving_ranks_engine_core(model, tmp_path):
+    prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"leak_rss_mb_per_request": 2})
+    eng = ce.start_engine(model, ["-dp", "2"], prof, tmp_path, "leak")
+    try:
+        api_before, (_, before) = _api_rss(eng), _cores_anon_bytes(eng)
+        for _ in range(20):
+            assert ce.http_post(eng.url + "/v1/chat/completions", chat(model))[0] == 200
+        time.sleep(0.5)
+        api_after, (_, after) = _api_rss(eng), _cores_anon_bytes(eng)
+        assert 38 * 2**20 < after - before < 44 * 2**20  # 2 MiB per finished request
+        assert api_after - api_before < 5 * 2**20
     finally:
         eng.stop()
 

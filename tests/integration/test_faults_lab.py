@@ -2,7 +2,7 @@
 waited out by the vllm role's readiness check; a crashing instance (the stand-in's crash fault, or a
 `kill -9` of its main process) is restarted by its unit's Restart=on-failure while the router's health
 checks and retries keep every client request succeeding. (The leak fault drives the soak gate:
-tests/integration/test_soak_standin.py.)
+tests/integration/test_soak_lab.py.)
 
 Systemd notices a crashed unit's empty cgroup through the cgroup2 hierarchy; on machines with cgroup v1
 (hybrid) the lab mounts it into the hosts (src/pdctl/lab/hosts.py), else Restart= fires minutes late."""

@@ -1,7 +1,7 @@
 """Every PromQL expression of the dashboard and the rules parses (promtool) and names only metrics that exist:
 vLLM's and the process metrics from the stand-in's live /metrics (a prefill and a decode stand-in on loopback,
-the recipe's argv), Prometheus's `up`, our recorded names, and the checked lists of the exporters the stand-in
-does not replace (tests/promql.py). No podman."""
+the recipe's argv), Prometheus's `up`, our recorded names, the checked lists of the exporters the stand-in
+does not replace (tests/promql.py) and what the role's unit memory collector writes. No podman."""
 from __future__ import annotations
 
 import subprocess
@@ -9,6 +9,7 @@ import subprocess
 import pytest
 import yaml
 
+import alert_coverage
 import promql
 import requires
 from pdctl.lab import loopback as lb
@@ -54,6 +55,7 @@ def test_every_dashboard_expression_parses(tmp_path):
 def test_rules_and_dashboard_name_only_exposed_metrics(exposed):
     assert "vllm:nixl_xfer_time_seconds_count" in exposed and "process_resident_memory_bytes" in exposed
     known = exposed | promql.PROMETHEUS | promql.recorded_names() | promql.NODE_EXPORTER | promql.HAPROXY | promql.DCGM
+    known |= alert_coverage.unit_memory_names()  # roles/monitoring's collector, through node exporter's textfile
     unknown = {}
     for where, expr in promql.rule_expressions() + promql.dashboard_expressions():
         missing = promql.metric_names(expr) - known

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 import alert_coverage
-from pdctl import cli, collection
+from pdctl import cli, collection, inventory
 
 ROOT = collection.root()
 
@@ -19,14 +19,17 @@ def production(tmp_path_factory):
     (prometheus,) = out.glob("*/etc/prometheus/prometheus.yml")
     host = prometheus.parents[2]
     counters = sorted(out.glob("*/etc/dcgm-exporter/pdctl-counters.csv"))
+    collectors = sorted(out.glob("*/etc/systemd/system/pdctl-unit-memory.service"))
     config = yaml.safe_load(prometheus.read_text())
+    # The serving hosts, however many production has (a fourth prefill host is one line in hosts.yml).
+    serving = sorted({i["host"] for i in inventory.plan(ROOT / "inventories/b300")["instances"]})
     rules = [r for g in yaml.safe_load((host / "etc/prometheus/rules/pdctl-rules.yml").read_text())["groups"]
              for r in g["rules"]]
-    return {"config": config, "rules": rules, "counters": counters, "host": host.name}
+    return {"config": config, "rules": rules, "counters": counters, "host": host.name, "serving": serving, "collectors": collectors}
 
 
-def _produced(config, counters_text):
-    sources = alert_coverage.job_sources(counters_text)
+def _produced(config, counters_text, unit_memory=True):
+    sources = alert_coverage.job_sources(counters_text, unit_memory)
     jobs = [j["job_name"] for j in config["scrape_configs"]]
     unknown = set(jobs) - set(sources)
     assert not unknown, "scrape jobs without a known metric source (add one to tests/alert_coverage.py): %s" % unknown
@@ -34,9 +37,12 @@ def _produced(config, counters_text):
 
 
 def test_every_metric_every_rule_reads_is_scraped_in_production(production):
-    assert [p.parents[2].name for p in production["counters"]] == ["b300-decode-0", "b300-prefill-0", "b300-prefill-1"]
+    assert [p.parents[2].name for p in production["counters"]] == production["serving"]
     texts = {p.read_text() for p in production["counters"]}
     assert len(texts) == 1, "every serving host runs the same counters file"
+    # The unit memory collector (node exporter's textfile collector) runs on every serving host too.
+    assert [p.parents[3].name for p in production["collectors"]] == ["b300-decode-0", "b300-prefill-0",
+                                                                       "b300-prefill-1"]
     produced = _produced(production["config"], texts.pop())
     assert alert_coverage.uncovered(production["rules"], produced) == {}
     assert set(produced) == {"vllm", "vllm_router", "node", "haproxy", "dcgm"}
@@ -58,6 +64,15 @@ def test_the_dcgm_alerts_need_our_counters_file_not_dcgm_exporters_default(produ
     produced = _produced(production["config"], default)
     missing = alert_coverage.uncovered(production["rules"], produced)
     assert {"PdctlGpuEccDoubleBit", "PdctlGpuNvlinkErrors"} <= set(missing)
+
+
+def test_the_memory_alerts_need_the_unit_memory_collector(production):
+    # vLLM's process_resident_memory_bytes is its API server's only: the leak alerts read the units' memory,
+    # which only the collector writes (for the node job).
+    produced = _produced(production["config"], production["counters"][0].read_text(), unit_memory=False)
+    missing = alert_coverage.uncovered(production["rules"], produced)
+    assert {"PdctlRSSGrowing", "PdctlRSSWillExhaustHostMemory"} <= set(missing)
+    assert "pdctl_unit_memory_anon_bytes" in alert_coverage.unit_memory_names()
 
 
 def test_the_instance_down_alert_covers_every_scrape_job(production):

@@ -56,4 +56,5 @@ def test_slo_limits_in_the_rules_are_the_sla_gates():
     by_name = {a["alert"]: a["expr"] for a in _alerts()}
     assert "> %g" % (sla.DEFAULTS["max_ttft_ms"] / 1000) in by_name["PdctlMeanTTFTOverSLO"]
     assert "> %.3f" % (sla.DEFAULTS["max_tpot_ms"] / 1000) in by_name["PdctlMeanTPOTOverSLO"]
-    assert "process_resident_memory_bytes" in by_name["PdctlRSSGrowing"] and "deriv(" in text
+    assert "pdctl_unit_memory_anon_bytes" in text and "deriv(" in text
+    assert "process_resident_memory_bytes" not in by_name["PdctlRSSGrowing"] + by_name["PdctlRSSWillExhaustHostMemory"]

@@ -56,8 +56,9 @@ def add_parser(sub):
 
     k = gsub.add_parser("soak", help="steady load for a while: RSS slope per 1,000 requests and latency drift")
     _common(k)
-    k.add_argument("--instance", action="append", default=[], metavar="NAME=URL",
-                   help="an instance whose /metrics is sampled (repeatable; default: every planned instance)")
+    k.add_argument("--instance", action="append", default=[], metavar="NAME=URL,NODE_EXPORTER_URL",
+                   help="an instance whose /metrics (requests) and whose host's node exporter /metrics (the unit's "
+                        "memory) are sampled (repeatable; default: every planned instance)")
     k.add_argument("--duration", type=float, dest="duration_s", help="seconds of load (default 180)")
     k.add_argument("--warmup", type=float, dest="warmup_s", help="seconds excluded from the fits (default 20)")
     k.add_argument("--concurrency", type=int)
@@ -224,14 +225,20 @@ def _run_soak(args) -> int:
         _apply_client_auth(args, cfg)
         instances = []
         for spec in args.instance:
-            name, _, inst_url = spec.partition("=")
-            if not inst_url:
-                raise ValueError("--instance wants NAME=URL, got %r" % spec)
-            instances.append({"name": name, "url": inst_url})
+            name, _, urls = spec.partition("=")
+            inst_url, _, memory_url = urls.partition(",")
+            if not inst_url or not memory_url:
+                raise ValueError("--instance wants NAME=URL,NODE_EXPORTER_URL, got %r" % spec)
+            instances.append({"name": name, "url": inst_url, "memory_url": memory_url})
         if not instances and args.inventory:
             from pdctl import inventory
 
-            instances = [{"name": i["name"], "url": i["url"]} for i in inventory.plan(args.inventory)["instances"]]
+            hosts = inventory.load(args.inventory, names=["pdctl_monitoring"])
+            # The unit's memory: node exporter on the instance's host (roles/monitoring's textfile collector).
+            instances = [{"name": i["name"], "url": i["url"],
+                          "memory_url": "http://%s:%d/metrics" % (
+                              i["address"], hosts[i["host"]]["vars"]["pdctl_monitoring"]["node_exporter_port"])}
+                         for i in inventory.plan(args.inventory)["instances"]]
         if not instances:
             raise ValueError("no instances to sample: give -i INVENTORY or --instance NAME=URL")
         result = soak.run(url, instances, cfg)

@@ -1,9 +1,15 @@
-"""Soak gate: steady load through the router for a configured time, sampling every instance's RSS
-(``process_resident_memory_bytes`` on its /metrics) and the latency, to catch the recipe's memory leak (RSS
-growing linearly with the requests served) and latency drift before users do.
+"""Soak gate: steady load through the router for a configured time, sampling every instance's memory and the
+latency, to catch the recipe's memory leak (memory growing linearly with the requests served) and latency drift
+before users do.
+
+Memory: the instance unit's, API server and engine cores together (``pdctl_unit_memory_anon_bytes``, which
+roles/monitoring's collector writes for node exporter's textfile collector on every serving host), read from
+the node exporter of the instance's host. vLLM's own ``process_resident_memory_bytes`` is its API server
+process's only; the recipe's leak was in the engine-core processes, so it is recorded beside (``api_rss_bytes``)
+but not judged.
 
 Verdict:
-- **RSS**: per instance, an ordinary least-squares line of RSS (MB) against the requests that instance has
+- **RSS** (the unit's): per instance, an ordinary least-squares line of RSS (MB) against the requests that instance has
   finished (``vllm:request_success_total``, in thousands), over the samples after the warm-up. The gate fails
   when the slope exceeds ``max_rss_slope_mb_per_1k`` AND its 95% confidence interval excludes zero (a real climb,
   not noise). Both the slope and the interval are reported.
@@ -101,24 +107,39 @@ def welch_t(a: list[float], b: list[float]) -> float:
 
 # --- sampling ---------------------------------------------------------------------------------------
 
+UNIT_MEMORY = "pdctl_unit_memory_anon_bytes"
+
+
 def parse_metrics(text: str) -> dict:
-    """RSS and finished requests (all finish reasons, all engines) from one /metrics page."""
+    """The API server's RSS and finished requests (all finish reasons, all engines) from one vLLM /metrics."""
     rss, finished = None, 0.0
     for line in text.splitlines():
         if line.startswith("process_resident_memory_bytes"):
             rss = float(line.rsplit(" ", 1)[1])
         elif line.startswith("vllm:request_success_total"):
             finished += float(line.rsplit(" ", 1)[1])
-    return {"rss_bytes": rss, "finished": finished}
+    return {"api_rss_bytes": rss, "finished": finished}
+
+
+def unit_memory(text: str, name: str) -> float | None:
+    """The instance unit's memory (UNIT_MEMORY with instance_name=name) from one node exporter /metrics."""
+    for line in text.splitlines():
+        if line.startswith(UNIT_MEMORY + "{") and ('instance_name="%s"' % name) in line.split("}", 1)[0]:
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def _sample(client: httpx.Client, instances: list[dict], t0: float) -> dict:
     row = {"t": round(time.monotonic() - t0, 3), "instances": {}}
+    pages = {}  # one node exporter read per host and sample
     for inst in instances:
         try:
             m = parse_metrics(client.get(inst["url"].rstrip("/") + "/metrics", timeout=10).text)
+            if inst["memory_url"] not in pages:
+                pages[inst["memory_url"]] = client.get(inst["memory_url"], timeout=10).text
+            m["rss_bytes"] = unit_memory(pages[inst["memory_url"]], inst["name"])
         except httpx.HTTPError as exc:
-            m = {"rss_bytes": None, "finished": None, "error": str(exc)}
+            m = {"rss_bytes": None, "api_rss_bytes": None, "finished": None, "error": str(exc)}
         row["instances"][inst["name"]] = m
     return row
 
@@ -147,10 +168,14 @@ def _load(url: str, cfg: dict, model: str, stop: threading.Event, t0: float, out
 
 
 def run(router_url: str, instances: list[dict], cfg: dict | None = None) -> dict:
-    """Run the soak against ``router_url``; ``instances`` are ``{"name", "url"}`` whose /metrics are sampled."""
+    """Run the soak against ``router_url``; ``instances`` are ``{"name", "url", "memory_url"}``: the instance's
+    /metrics (finished requests) and its host's node exporter /metrics (the unit's memory) are sampled."""
     cfg = settings(cfg)
     if not instances:
         raise SoakError("no instances to sample")
+    lacking = [i["name"] for i in instances if not i.get("memory_url")]
+    if lacking:
+        raise SoakError("no node exporter URL (memory_url) for %s: the unit's memory is read there" % ", ".join(lacking))
     headers = {"Authorization": "Bearer %s" % cfg["api_key"]} if cfg.get("api_key") else {}
     with httpx.Client(timeout=10, headers=headers, verify=_verify(cfg)) as client:
         try:
@@ -190,19 +215,26 @@ def evaluate(router_url, model, cfg, instances, samples, requests, wall_s=None) 
         served = (pts[-1][0] - pts[0][0]) if pts else 0
         rss = [r for _, r in pts]
         leak = (fit["slope"] is not None and fit["slope"] > limit and fit["ci95"][0] > 0)
-        per_instance[name] = {"url": inst["url"], "samples": len(pts), "requests_served": served,
+        api = [(s["instances"][name]["finished"], s["instances"][name]["api_rss_bytes"]) for s in samples
+               if s["t"] >= warm and s["instances"][name].get("api_rss_bytes") is not None]
+        api_fit = linear_fit([f / 1000.0 for f, _ in api], [r / 2**20 for _, r in api])
+        per_instance[name] = {"url": inst["url"], "memory_url": inst.get("memory_url"), "memory": UNIT_MEMORY,
+                              "samples": len(pts), "requests_served": served,
+                              "api_server_rss_slope_mb_per_1k": api_fit["slope"],
                               "rss_start_mb": rss[0] / 2**20 if rss else None,
                               "rss_end_mb": rss[-1] / 2**20 if rss else None,
                               "rss_slope_mb_per_1k": fit["slope"], "rss_slope_se": fit["se"],
                               "rss_slope_ci95": fit["ci95"], "rss_fit_intercept_mb": fit["intercept"],
                               "passed": not leak}
         if leak:
-            failures.append("%s: RSS grows %.1f MB per 1,000 requests (95%% CI %.1f to %.1f) > limit %g "
-                            "(%.0f -> %.0f MB over %d requests)" % (
+            failures.append("%s: RSS grows %.1f MB per 1,000 requests (API server and engine cores; 95%% CI %.1f "
+                            "to %.1f) > limit %g (%.0f -> %.0f MB over %d requests)" % (
                                 name, fit["slope"], fit["ci95"][0], fit["ci95"][1], limit,
                                 per_instance[name]["rss_start_mb"], per_instance[name]["rss_end_mb"], served))
         elif fit["slope"] is None:
-            failures.append("%s: too few RSS samples after the warm-up (%d) to fit a slope" % (name, len(pts)))
+            failures.append("%s: too few RSS samples after the warm-up (%d) to fit a slope (%s at %s: is "
+                            "pdctl-unit-memory running on its host?)" % (name, len(pts), UNIT_MEMORY,
+                                                                         inst.get("memory_url")))
     done = [r for r in requests if r["t"] >= warm]
     failed = [r for r in requests if not r["ok"]]
     if failed:

@@ -39,13 +39,21 @@ DEFAULT_MAX_NUM_SEQS = 1024
 TRACE = bool(os.environ.get("PDCTL_ENGINE_TRACE"))
 # An engine core: nothing to compute here; it lives until its API server closes the pipe. SIGTERM or
 # SIGINT is vLLM's "shutdown requested": the core tells its API server (a line on stdout), which drains
-# the core's rank and then closes the pipe.
+# the core's rank and then closes the pipe. The leak faults live here, as the recipe's leak did (in the
+# scheduler, i.e. the engine-core processes): a line "leak N" on its stdin makes the core keep N more bytes,
+# every page touched, never released. So the API server's own RSS (process_resident_memory_bytes) does not
+# show it; only the unit's memory does (roles/monitoring's pdctl_unit_memory_anon_bytes).
 ENGINE_CORE = ("import os, signal, sys\n"
                "def requested(signum, frame):\n"
                "    os.write(1, b'shutdown requested %d\\n' % signum)\n"
                "signal.signal(signal.SIGTERM, requested)\n"
                "signal.signal(signal.SIGINT, requested)\n"
-               "sys.stdin.buffer.read()\n")
+               "kept = []\n"
+               "for line in sys.stdin.buffer:\n"
+               "    if line.startswith(b'leak '):\n"
+               "        block = bytearray(int(line.split()[1]))\n"
+               "        block[::4096] = b'\\x01' * len(range(0, len(block), 4096))\n"
+               "        kept.append(block)\n")
 # vLLM's API-key middleware guards only these path prefixes (serve/middleware/authenticate.py):
 # /invocations, /scale_elastic_ep, /metrics, /health and the rest need no key.
 GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
@@ -121,7 +129,7 @@ class Engine:
         self.completed = 0
         self.idle = asyncio.Event()
         self.idle.set()
-        self._leak: list[bytearray] = []
+        self.cores: list = []                  # the engine-core processes, one per local DP rank
         self._token_cache: dict[bytes, list[int]] = {}
 
     # ---- bookkeeping ----------------------------------------------------------------------
@@ -350,11 +358,11 @@ class Engine:
             "transfer_mode": "pull",
         }
 
-    def finished_one(self) -> None:
+    def finished_one(self, rank: Rank) -> None:
         self.completed += 1
         per_request = float(self.faults.get("leak_rss_mb_per_request") or 0)
-        if per_request > 0:  # the recipe's leak: memory kept per finished request, never released
-            self._leak.append(_touched(int(per_request * 1024 * 1024)))
+        if per_request > 0:  # the recipe's leak: the rank's engine core keeps memory per finished request
+            self.leak_in_core(rank.index, int(per_request * 1024 * 1024))
         limit = int(self.faults.get("crash_after_requests") or 0)
         if limit and self.completed >= limit:
             log.error("fault injection: crash_after_requests=%d reached, exiting", limit)
@@ -370,16 +378,17 @@ class Engine:
         rate = float(self.faults.get("leak_rss_mb_per_min") or 0)
         if rate <= 0:
             return
-        per_tick = int(rate * 1024 * 1024 / 60)  # one tick a second
+        per_tick = int(rate * 1024 * 1024 / 60 / self.dp)  # one tick a second, spread over the engine cores
         while True:
             await asyncio.sleep(1.0)
-            self._leak.append(_touched(per_tick))
+            for index in range(self.dp):
+                self.leak_in_core(index, per_tick)
 
-
-def _touched(size: int) -> bytearray:
-    block = bytearray(size)
-    block[::4096] = b"\x01" * len(range(0, size, 4096))  # touch every page so it counts in RSS
-    return block
+    def leak_in_core(self, index: int, size: int) -> None:
+        """The leak faults: the engine core of DP rank ``index`` keeps ``size`` more bytes (ENGINE_CORE)."""
+        core = self.cores[index] if index < len(self.cores) else None
+        if core is not None and core.returncode is None and not core.stdin.is_closing():
+            core.stdin.write(b"leak %d\n" % size)
 
 
 # ---- HTTP layer ---------------------------------------------------------------------------
@@ -442,7 +451,7 @@ async def handle_generate(request: web.Request, kind: str):
         req["rank"].in_flight -= 1
         if engine.in_flight == 0:
             engine.idle.set()
-        engine.finished_one()
+        engine.finished_one(req["rank"])
 
 
 async def _full(engine: Engine, req: dict, kind: str) -> web.Response:
@@ -753,6 +762,7 @@ async def start_engine_cores(engine: Engine, stop: asyncio.Event) -> list:
                                                     "EngineCore_DP%d" % (engine.dp_start + rank),
                                                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         cores.append(proc)
+        engine.cores.append(proc)
         proc.pdctl_requested = asyncio.create_task(core_shutdown_requested(engine, proc, engine.ranks[rank]))
 
         async def watch(proc=proc, rank=rank):
