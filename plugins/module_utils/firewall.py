@@ -14,7 +14,7 @@ Each host gets a list of rule dicts, in order:
 and what the rule matches, any of:
   ct_state     conntrack states, e.g. ["established", "related"]
   iif          input interface ("lo")
-  proto        tcp | icmp | icmpv6
+  proto        tcp | icmp | icmpv6 | vrrp (IP protocol 112, no ports)
   icmp_types   ICMP / ICMPv6 type names (proto icmp / icmpv6)
   ports        destination ports, each "N" or "N-M" (proto tcp)
   sources      source addresses or networks; a port rule is only emitted when it has at least one
@@ -284,9 +284,18 @@ def rules(plan, inputs):
                                                            "aggregated_metrics_port") if router.get(k)],
                                       monitors))
         if host in frontdoor["hosts"]:
+            peers = [h for h in frontdoor["hosts"] if h != host]
             if frontdoor.get("port"):
-                ruleset.append(_port_rule("frontdoor", "the front door (HTTPS) from the client networks",
-                                          [frontdoor["port"]], clients))
+                # With a virtual address, the other front-door hosts too: each checks that the address answers.
+                ruleset.append(_port_rule("frontdoor", "the front door (HTTPS) from the client networks%s"
+                                          % (" and the other front-door hosts" if frontdoor.get("vip") and peers else ""),
+                                          [frontdoor["port"]], clients + [a for a in (of(peers) if frontdoor.get("vip") else [])
+                                                                          if not address_in_networks(a, clients)]))
+            if frontdoor.get("vip") and peers:
+                ruleset.append(dict(_port_rule("vrrp", "VRRP (IP protocol 112, keepalived: the front door's virtual "
+                                               "address %s) from the other front-door hosts (%s)"
+                                               % (frontdoor["vip"]["address"], ", ".join(peers)), [], of(peers)),
+                                    proto="vrrp", ports=[]))
             if frontdoor.get("metrics_port"):
                 ruleset.append(_port_rule("frontdoor metrics",
                                           "the front door's metrics from Prometheus and the admin networks",

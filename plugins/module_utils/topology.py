@@ -24,10 +24,14 @@ A host may also carry "names" (all its variable names): a `pdctl_*` name that no
 reads is refused with the nearest known one (module_utils/varnames.py).
 Hosts in the `router` group (one or more) run the P/D router on pdctl_ports.router / router_metrics.
 Hosts in the `frontdoor` group (default: the router hosts) run the front door (HAProxy) on
-pdctl_ports.frontdoor / frontdoor_metrics and balance across every router.
+pdctl_ports.frontdoor / frontdoor_metrics and balance across every router. With more than one, clients
+use one address that moves between them (keepalived, roles/frontdoor_vip):
+  pdctl_frontdoor_vip      {address, [prefix], virtual_router_id, [interface]}: required with more than
+                           one front-door host; an IP literal no host of the inventory has
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import (
@@ -51,7 +55,7 @@ AGGREGATED_PORT_KEYS = ("router_aggregated", "router_aggregated_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile",
-             "pdctl_min_prefill_instances")
+             "pdctl_min_prefill_instances", "pdctl_frontdoor_vip")
 ROUTER_GROUP = "router"
 FRONTDOOR_GROUP = "frontdoor"
 # The router listens here when the front door is on its own host and nowhere else.
@@ -632,13 +636,73 @@ def _plan_frontdoor(hosts, frontdoors, problems):
     if None in ports.values():
         return None  # reported above
     addresses = [host_address(h, hosts[h].get("vars") or {}) for h in frontdoors]
+    vip = _plan_vip(hosts, frontdoors, problems)
+    if vip is False:
+        return None  # reported
     return {
         "hosts": list(frontdoors),
         "addresses": addresses,
         "port": ports["frontdoor"],
         "metrics_port": ports["frontdoor_metrics"],
-        "url": "https://%s:%d" % (addresses[0], ports["frontdoor"]),
+        # The one client address: the VIP when there is one (it moves to a live front-door host).
+        "vip": vip,
+        "url": "https://%s:%d" % (_url_host(vip["address"] if vip else addresses[0]), ports["frontdoor"]),
     }
+
+
+VIP_VAR = "pdctl_frontdoor_vip"
+VIP_KEYS = ("address", "prefix", "virtual_router_id", "interface")
+
+
+def _url_host(address):
+    return "[%s]" % address if ":" in str(address) else str(address)
+
+
+def _plan_vip(hosts, frontdoors, problems):
+    """The front door's virtual address (VRRP, keepalived on every front-door host): None when not set
+    (allowed with one front-door host only), False when invalid (problems say why), else
+    {address, prefix, virtual_router_id, interface}."""
+    values = {}
+    for host in frontdoors:
+        value = (hosts[host].get("vars") or {}).get(VIP_VAR)
+        values.setdefault(json.dumps(value, sort_keys=True, default=str), []).append(host)
+    if len(values) > 1:
+        problems.append("front-door hosts disagree on %s: %s" % (VIP_VAR, "; ".join(
+            "%s on %s" % (value, ", ".join(where)) for value, where in sorted(values.items()))))
+        return False
+    value = (hosts[frontdoors[0]].get("vars") or {}).get(VIP_VAR)
+    if not value:
+        if len(frontdoors) > 1:
+            problems.append("%d front-door hosts (%s) need %s: the one address clients use, which moves to a live "
+                            "front-door host (docs/decode-loss.md)" % (len(frontdoors), ", ".join(frontdoors), VIP_VAR))
+            return False
+        return None
+    if not isinstance(value, dict) or set(value) - set(VIP_KEYS) or "address" not in value:
+        problems.append("%s must be {address, [prefix], virtual_router_id, [interface]}, found %r" % (VIP_VAR, value))
+        return False
+    try:
+        address = ipaddress.ip_address(str(value["address"]))
+    except ValueError:
+        problems.append("%s.address %r is not an IP address" % (VIP_VAR, value["address"]))
+        return False
+    bad = len(problems)
+    prefix = value.get("prefix", address.max_prefixlen)
+    if not isinstance(prefix, int) or not 1 <= prefix <= address.max_prefixlen:
+        problems.append("%s.prefix must be 1..%d, found %r" % (VIP_VAR, address.max_prefixlen, prefix))
+    vrid = value.get("virtual_router_id")
+    if not isinstance(vrid, int) or isinstance(vrid, bool) or not 1 <= vrid <= 255:
+        problems.append("%s.virtual_router_id must be 1..255 (unique on the network segment), found %r"
+                        % (VIP_VAR, vrid))
+    # The VIP is nobody's own address: a host that has it would answer for it whoever holds it.
+    for host in sorted(hosts, key=_natural_key):
+        hv = hosts[host].get("vars") or {}
+        own = {str(hv.get(k)) for k in ("ansible_host", "pdctl_advertise_address") if hv.get(k)}
+        if str(address) in own or str(value["address"]) in own:
+            problems.append("%s.address %s clashes with %s's own address" % (VIP_VAR, address, host))
+    if len(problems) > bad:
+        return False
+    return {"address": str(address), "prefix": prefix, "virtual_router_id": vrid,
+            "interface": value.get("interface")}
 
 
 def _natural_key(name):
@@ -674,6 +738,9 @@ def format_table(plan):
     fd = plan.get("frontdoor")
     if fd:
         lines.append("front door: %s on %s (metrics :%d)" % (fd["url"], ", ".join(fd["hosts"]), fd["metrics_port"]))
+        if fd.get("vip"):
+            lines.append("  virtual address %s (VRRP id %d) moves between the front-door hosts"
+                         % (fd["vip"]["address"], fd["vip"]["virtual_router_id"]))
     for r in plan.get("routers") or [plan["router"]]:
         lines.append("router: %s on %s (metrics :%d)" % (r["url"], r["host"], r["metrics_port"]))
         if r.get("aggregated_url"):

@@ -36,6 +36,9 @@ def main(args) -> int:
 
         print("\n== lab hosts")
         hosts.status()
+    print("\n== serving mode (each front door's router checks)")
+    for line in mode_lines(plan):
+        print(line)
     artifacts = Path(args.artifacts)
     for line in _quarantine_lines(artifacts / "quarantine" / "last.json"):
         print(line)
@@ -53,6 +56,49 @@ def main(args) -> int:
         for line in _gate_lines(kind, data):
             print("  " + line)
     return verdict
+
+
+# The serving modes (docs/decode-loss.md), from which routers a front door has UP in be_routers.
+MODES = {"pd": "P/D", "aggregated": "DEGRADED (aggregated: the prefill instances serve whole requests)",
+         "down": "DOWN (no router can serve: the front door answers 503)"}
+
+
+def serving_mode(metrics_text: str) -> tuple[str, list[str]]:
+    """("pd" | "aggregated" | "down", the routers UP) from a front door's Prometheus endpoint (HAProxy's
+    haproxy_server_status of be_routers, as its /readiness checks left it): pd while a P/D router is UP,
+    aggregated while only *-aggregated ones are, down when none is."""
+    up = []
+    for line in metrics_text.splitlines():
+        if not line.startswith("haproxy_server_status{") or 'proxy="be_routers"' not in line:
+            continue
+        labels, _, value = line.rpartition("} ")
+        fields = dict(part.split("=", 1) for part in labels[len("haproxy_server_status{"):].split(",") if "=" in part)
+        if fields.get("state") == '"UP"' and float(value) == 1:
+            up.append(fields.get("server", "").strip('"'))
+    if any(not name.endswith("-aggregated") for name in up):
+        return "pd", up
+    return ("aggregated" if up else "down"), up
+
+
+def mode_lines(plan, timeout=3.0):
+    """One line per front-door host: its serving mode, or why it could not be read."""
+    import urllib.request
+
+    fd = plan.get("frontdoor")
+    if not fd:
+        yield "no front door planned"
+        return
+    if fd.get("vip"):
+        yield "clients: %s (virtual address, held by one front-door host at a time)" % fd["url"]
+    for host, address in zip(fd["hosts"], fd["addresses"]):
+        url = "http://%s:%d/metrics" % (address, fd["metrics_port"])
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                mode, up = serving_mode(resp.read().decode(errors="replace"))
+        except OSError as exc:
+            yield "%-16s UNKNOWN: %s unreachable (%s)" % (host, url, getattr(exc, "reason", exc))
+            continue
+        yield "%-16s %s; routers up: %s" % (host, MODES[mode], ", ".join(up) or "none")
 
 
 def _last_json(path: Path):

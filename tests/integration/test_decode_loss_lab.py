@@ -80,3 +80,31 @@ def test_frontdoor_health_is_503_only_when_nothing_can_serve(converged_lab):
         sampler.stop()
     assert _health().status_code == 200
     assert _complete().status_code == 200
+
+
+def test_degraded_alert_fires_on_the_lab_prometheus_while_degraded(converged_lab):
+    """PdctlDegradedMode fires on the lab's Prometheus (the first router host's) while no decode can serve, and
+    PdctlPrefillDown does not (the prefill pool serves)."""
+    from pdctl import inventory
+    from inventories import ROOT
+
+    plan = inventory.plan(ROOT / "inventories/lab")
+    alerts = faults.AlertWatcher("http://%s:9090" % plan["routers"][0]["address"])
+    sampler = faults.ModeSampler()
+    sampler.start()
+    alerts.start()
+    try:
+        _until(lambda: sampler.mode() == "pd", 30, "the front door is not in P/D mode to begin with")
+        _units("stop", {"lab-decode-0": INSTANCES["lab-decode-0"]})
+        stopped = time.time()
+        _until(lambda: "PdctlDegradedMode" in alerts.firing, 90, "PdctlDegradedMode never fired: %s" % alerts.errors)
+        print("PdctlDegradedMode firing %.1f s after the decode stopped" % (alerts.firing["PdctlDegradedMode"] - stopped))
+        assert sampler.mode() == "aggregated"
+        assert "PdctlPrefillDown" not in alerts.firing
+    finally:
+        _units("start", {"lab-decode-0": INSTANCES["lab-decode-0"]})
+        alerts.stop()
+    try:
+        _until(lambda: sampler.mode() == "pd", 120, "the front door did not return to P/D")
+    finally:
+        sampler.stop()

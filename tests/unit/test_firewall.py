@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import requires
-from inventories import ROOT, inventory_variant
+from inventories import B300 as B300_INVENTORY, ROOT, inventory_variant
 from pdctl import cli, inventory
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import firewall
 
@@ -43,13 +43,20 @@ def b300_inputs(**over):
 
 
 @pytest.fixture(scope="module")
-def lab_plan():
+def lab_plan(tmp_path_factory):
+    """The lab with one router and front door (on lab-decode-0): most rules are easiest to read there."""
+    return variant_plan(tmp_path_factory.mktemp("one-router"), ["lab-decode-0"], ["lab-decode-0"])
+
+
+@pytest.fixture(scope="module")
+def lab_two_plan():
+    """The lab inventory as it is: routers and front doors on lab-decode-0 and lab-prefill-0, one virtual address."""
     return inventory.plan(ROOT / "inventories/lab")
 
 
 @pytest.fixture(scope="module")
 def b300_plan():
-    return inventory.plan(ROOT / "inventories/b300")
+    return inventory.plan(B300_INVENTORY)
 
 
 def variant_plan(tmp_path, routers, frontdoors):
@@ -211,7 +218,7 @@ def test_b300_rules(b300_plan):
     rules = firewall.rules(b300_plan, b300_inputs())
     every = set(B300.values()) | {"203.0.113.9", "198.51.100.9", "192.0.2.99"}
     admin = "203.0.113.9"
-    assert who(rules, "b300-decode-0", 8100, every) == {"192.0.2.13"}                # the router's host only
+    assert who(rules, "b300-decode-0", 8100, every) == {"192.0.2.13", "192.0.2.11"}  # the router hosts only
     assert who(rules, "b300-prefill-0", 8101, every) == {"192.0.2.13", "192.0.2.11"}
     assert who(rules, "b300-prefill-1", 5607, every) == {"192.0.2.13"}
     assert who(rules, "b300-decode-0", 5600, every) == {"192.0.2.11", "192.0.2.12"}
@@ -224,9 +231,44 @@ def test_b300_rules(b300_plan):
     assert who(rules, "b300-prefill-0", 5690, every) == {"192.0.2.13"}
     assert who(rules, "b300-prefill-0", 5691, every) == {"192.0.2.13"}
     assert who(rules, "b300-decode-0", 9090, every) == {admin}
-    assert who(rules, "b300-decode-0", 443, every) == {"198.51.100.9"}       # the front door, to the clients
+    # The front door, to the clients and the other front-door host (which checks the virtual address).
+    assert who(rules, "b300-decode-0", 443, every) == {"198.51.100.9", "192.0.2.11"}
+    assert who(rules, "b300-prefill-1", 443, every) == set()
     assert who(rules, "b300-decode-0", 8405, every) == {admin, "192.0.2.13"}
-    assert who(rules, "b300-decode-0", 8000, every) == set()                 # router on 127.0.0.1
+    # Two front doors: each router listens on its address, for the front-door hosts only.
+    assert who(rules, "b300-decode-0", 8000, every) == {"192.0.2.13", "192.0.2.11"}
+    assert vrrp_sources(rules) == {"b300-decode-0": ["192.0.2.11"], "b300-prefill-0": ["192.0.2.13"],
+                                   "b300-prefill-1": None}
+
+
+def vrrp_sources(rules):
+    """{host: the sources its VRRP rule accepts (None: no such rule)}."""
+    out = {}
+    for host, host_rules in rules.items():
+        found = [r for r in host_rules if r.get("proto") == "vrrp"]
+        out[host] = found[0]["sources"] if found else None
+    return out
+
+
+def test_lab_vrrp_between_the_front_door_hosts_only(lab_two_plan, lab_plan):
+    rules = firewall.rules(lab_two_plan, lab_inputs())
+    assert vrrp_sources(rules) == {"lab-decode-0": ["10.89.64.11"], "lab-prefill-0": ["10.89.64.13"],
+                                   "lab-prefill-1": None}
+    for host in ("lab-decode-0", "lab-prefill-0"):
+        assert who(rules, host, 8443, EVERYONE) == EVERYONE                  # clients reach the address
+        assert who(rules, host, 8000, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
+    assert who(rules, "lab-prefill-1", 8443, EVERYONE) == set()
+    # One front door: no VRRP rule (the address, if any, never moves).
+    assert vrrp_sources(firewall.rules(lab_plan, lab_inputs()))["lab-decode-0"] is None
+
+
+def test_rendered_vrrp_rule_checks_with_nft(rendered):
+    nft = requires.binary("nft", "the rendered rules are checked by nft itself")
+    for inv, host, peer in (("lab", "lab-decode-0", "10.89.64.11"), ("b300", "b300-prefill-0", "192.0.2.13")):
+        path = rendered[inv] / host / "etc/nftables.conf"
+        assert 'ip saddr { %s } meta l4proto 112 accept comment "vrrp"' % peer in path.read_text()
+        res = subprocess.run([nft, "-c", "-f", str(path)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
 
 
 def test_ucx_tcp_decides_the_kv_range():
@@ -271,7 +313,8 @@ def rendered(tmp_path_factory):
     out = {}
     for inv in ("lab", "b300"):
         d = tmp_path_factory.mktemp("render-" + inv)
-        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        path = B300_INVENTORY if inv == "b300" else ROOT / "inventories" / inv
+        assert cli.main(["render", "-i", str(path), "--out", str(d)]) == 0
         out[inv] = d
     return out
 
@@ -300,7 +343,8 @@ def test_rendered_rules_replace_only_their_own_table(rendered):
     assert "table inet other" in listing, "applying the rules removed another table"
     assert listing.count("table inet pdctl") == 1
     assert "policy drop;" in listing
-    assert 'ip saddr 10.89.64.13 tcp dport 8100 accept comment "decode-0 api"' in listing
+    assert 'ip saddr { 10.89.64.11, 10.89.64.13 } tcp dport 8100 accept comment "decode-0 api"' in listing
+    assert 'ip saddr 10.89.64.11 meta l4proto vrrp accept comment "vrrp"' in listing
 
 
 def test_rendered_lab_file_names_each_rule(rendered):

@@ -8,9 +8,11 @@ import os
 import re
 import subprocess
 import sys
+import shutil
 
 import pytest
 import yaml
+from pathlib import Path
 
 import requires
 from inventories import ROOT
@@ -60,21 +62,24 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     assert re.search(r"^\s+bind :%d ssl crt /etc/haproxy/pdctl/frontdoor.pem" % port, text, re.M)
     assert re.search(r"^\s+bind :8405$", text, re.M)
     assert "use-service prometheus-exporter" in text
-    # One front-door host: it admits the whole limit; the queue is bounded.
+    # Two front-door hosts behind one virtual address: only its holder takes clients, so each admits the
+    # whole limit; the queue is bounded.
     assert re.search(r"server admission abns@pdctl-routers maxconn %d maxqueue %d$" % (inflight, 2 * inflight), text, re.M)
     assert "queue(be_admission) ge %d" % (2 * inflight) in text
     # The P/D routers first, then (degraded mode, issue 39) each router host's aggregated router: `balance
     # first` sends every request to the first ready one, a retry to the next.
+    # Two front doors (a virtual address): every router listens on its host's address.
     servers = re.findall(r"^\s+server (\S+) (\S+)$", text, re.M)
-    assert servers == ([(r["host"], "127.0.0.1:8000") for r in plan["routers"]]
-                       + [(r["host"] + "-aggregated", "127.0.0.1:8002") for r in plan["routers"]])
+    assert len(plan["routers"]) == 2
+    assert servers == ([(r["host"], "%s:8000" % r["address"]) for r in plan["routers"]]
+                       + [(r["host"] + "-aggregated", "%s:8002" % r["address"]) for r in plan["routers"]])
     assert "balance first" in text and "option redispatch 1" in text
     # Each router's standby (rolling upgrades) is configured out of rotation: only the upgrade brings it in.
     assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
-        (r["host"] + "-standby", "127.0.0.1:8001") for r in plan["routers"]]
+        (r["host"] + "-standby", "%s:8001" % r["address"]) for r in plan["routers"]]
     # The checks ask /readiness (503 once a whole role has no healthy worker), not /liveness (200 with every
     # worker dead).
-    assert "default-server check inter 1000ms fastinter 250ms fall 2 rise 2" in text
+    assert "default-server check inter 500ms fastinter 250ms fall 2 rise 2" in text
     assert "http-check send meth GET uri /readiness" in text
     assert "/liveness" not in text
     # The front door's own /health: 200 while any router (a backup when no other) can serve, else 503.
@@ -111,25 +116,33 @@ def test_rendered_config_passes_haproxy_check(rendered, inv, tmp_path):
     assert "[ALERT]" not in res.stderr and "[WARNING]" not in res.stderr, res.stderr
 
 
-def test_two_front_door_hosts_share_the_limit(tmp_path):
-    """Each of two front-door hosts admits half of N, so the routers never see more than N together."""
-    from inventories import inventory_variant
-
-    hosts_yml = yaml.safe_load((ROOT / "inventories/lab/hosts.yml").read_text())
-    groups = hosts_yml["all"]["children"]
-    groups["router"]["hosts"]["lab-prefill-0"] = None
-    groups["frontdoor"]["hosts"]["lab-prefill-0"] = None
-    inv = inventory_variant(tmp_path / "inv", {"hosts": hosts_yml})
+def test_two_front_door_hosts_behind_a_virtual_address_each_admit_the_limit(tmp_path):
+    """Only the host holding the virtual address takes clients, so each admits N (not half of it); the
+    keepalived configuration names this host's address, its peer and the address."""
     out = tmp_path / "out"
-    assert cli.main(["render", "-i", str(inv), "--out", str(out)]) == 0
-    for host in ("lab-decode-0", "lab-prefill-0"):
+    assert cli.main(["render", "-i", str(ROOT / "inventories/lab"), "--out", str(out)]) == 0
+    for host, own, peer, priority in (("lab-decode-0", "10.89.64.13", "10.89.64.11", 150),
+                                      ("lab-prefill-0", "10.89.64.11", "10.89.64.13", 140)):
         text = (out / host / "etc/haproxy/haproxy.cfg").read_text()
-        assert "maxconn 8 maxqueue 16" in text
+        assert "maxconn 16 maxqueue 32" in text
         assert re.findall(r"^\s+server (\S+) (\S+)$", text, re.M) == [
             ("lab-decode-0", "10.89.64.13:8000"), ("lab-prefill-0", "10.89.64.11:8000"),
             ("lab-decode-0-aggregated", "10.89.64.13:8002"), ("lab-prefill-0-aggregated", "10.89.64.11:8002")]
         assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
             ("lab-decode-0-standby", "10.89.64.13:8001"), ("lab-prefill-0-standby", "10.89.64.11:8001")]
+        vrrp = (out / host / "etc/keepalived/keepalived.conf").read_text()
+        assert re.search(r"^\s+unicast_src_ip %s$" % own, vrrp, re.M)
+        assert re.search(r"^\s+unicast_peer \{\n\s+%s\n\s+\}" % peer, vrrp, re.M)
+        assert re.search(r"^\s+priority %d$" % priority, vrrp, re.M)
+        assert re.search(r"^\s+virtual_router_id 39$", vrrp, re.M) and "state BACKUP" in vrrp and "nopreempt" in vrrp
+        assert "10.89.64.200/32 dev eth0" in vrrp
+        assert 'script "/usr/bin/systemctl is-active --quiet haproxy"' in vrrp
+        keepalived = shutil.which("keepalived") or "/usr/sbin/keepalived"
+        if Path(keepalived).exists():
+            res = subprocess.run([keepalived, "--config-test", "--use-file", str(out / host / "etc/keepalived/keepalived.conf")],
+                                 capture_output=True, text=True)
+            assert res.returncode == 0, res.stdout + res.stderr
+    assert not (out / "lab-prefill-1/etc/keepalived").exists()
 
 
 def test_clients_map_holds_hashes_of_clients_not_revoked(tmp_path):
@@ -166,3 +179,13 @@ def test_os_vars_declare_haproxy_for_the_store():
 def test_bootstrap_installs_haproxy_for_the_check():
     line = next(l for l in (ROOT / "scripts/bootstrap").read_text().splitlines() if l.startswith("APT_PACKAGES="))
     assert "haproxy" in line.split("(", 1)[1].rstrip(")").split()
+
+
+def test_keepalived_comes_from_the_store_at_the_manifest_release():
+    vip_role = ROOT / "roles/frontdoor_vip"
+    assert yaml.safe_load((vip_role / "vars/Debian.yml").read_text())["frontdoor_vip_packages"] == ["keepalived"]
+    assert "keepalived" in store.declared_debian_packages()
+    ubuntu = yaml.safe_load((vip_role / "vars/Ubuntu.yml").read_text())["frontdoor_vip_packages"]
+    assert ubuntu == ["keepalived=1:{{ pdctl_versions.keepalived }}*"]
+    versions = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/versions.yml").read_text())["pdctl_versions"]
+    assert versions["keepalived"] == "2.2.8"

@@ -40,7 +40,7 @@ def test_lab_scrape_config_lists_every_planned_target():
     r = _render("inventories/lab")
     plan, config = r["plan"], r["config"]
     assert sorted(_targets(config, "vllm")) == sorted("%s:%d" % (i["address"], i["api_port"]) for i in plan["instances"])
-    assert _targets(config, "vllm_router") == ["%s:%d" % (plan["router"]["address"], plan["router"]["metrics_port"])]
+    assert _targets(config, "vllm_router") == ["%s:%d" % (r["address"], r["metrics_port"]) for r in plan["routers"]]
     assert len(_targets(config, "node")) == len(plan["hosts"]) == 3
     assert _targets(config, "haproxy") == ["10.0.0.5:8405"]
     # The lab's DCGM exporter is the stand-in (src/pdctl/lab/fakegpu/dcgm_exporter.py), on every serving host.

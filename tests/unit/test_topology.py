@@ -1,12 +1,13 @@
 """The planner on the real inventories and on malformed ones (through `pdctl plan`)."""
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
-from inventories import ROOT, inventory_variant
+from inventories import B300, ROOT, inventory_variant
 from malformed import CASES
 from pdctl import cli, inventory
 
@@ -18,7 +19,7 @@ def plan_cli(capsys, inventory, *extra):
 
 
 def test_b300_plan_matches_the_recipe(capsys):
-    rc, out, _ = plan_cli(capsys, ROOT / "inventories/b300", "--json")
+    rc, out, _ = plan_cli(capsys, B300, "--json")
     assert rc == 0
     plan = json.loads(out)
     prefill = [i for i in plan["instances"] if i["pool"] == "prefill"]
@@ -42,7 +43,7 @@ def test_b300_plan_matches_the_recipe(capsys):
 
 
 def test_table_output_lists_every_instance(capsys):
-    rc, out, _ = plan_cli(capsys, ROOT / "inventories/b300")
+    rc, out, _ = plan_cli(capsys, B300)
     assert rc == 0
     lines = out.splitlines()
     assert lines[0].split() == ["INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL", "SIDE", "CHANNEL",
@@ -56,16 +57,18 @@ def test_table_output_lists_every_instance(capsys):
         ["prefill-2", "b300-prefill-1", "prefill", "0,1,2,3", "1x4", "8100", "192.0.2.12:5600-5603", "13345", "0", "mlx5_0,mlx5_1,mlx5_6,mlx5_7"],
         ["prefill-3", "b300-prefill-1", "prefill", "4,5,6,7", "1x4", "8101", "192.0.2.12:5604-5607", "13346", "1", "mlx5_8,mlx5_9,mlx5_10,mlx5_11"],
     ]
-    assert "router: http://127.0.0.1:8000 on b300-decode-0" in out
-    assert "front door: https://192.0.2.13:443 on b300-decode-0 (metrics :8405)" in out
+    assert "router: http://192.0.2.13:8000 on b300-decode-0" in out
+    assert "router: http://192.0.2.11:8000 on b300-prefill-0" in out
+    assert "front door: https://192.0.2.10:443 on b300-decode-0, b300-prefill-0 (metrics :8405)" in out
+    assert "virtual address 192.0.2.10 (VRRP id 39) moves between the front-door hosts" in out
 
 
 def test_lab_differs_from_b300_only_in_addresses(capsys):
     def shape(inv):
-        plan = json.loads(plan_cli(capsys, ROOT / "inventories" / inv, "--json")[1])
+        plan = json.loads(plan_cli(capsys, inv, "--json")[1])
         return [(i["name"], i["pool"], i["gpus"], i["api_port"], i["side_channel_ports"], i["dp_rpc_port"],
                  i["model_path"], i["vllm_version"]) for i in plan["instances"]]
-    assert shape("lab") == shape("b300")
+    assert shape(ROOT / "inventories/lab") == shape(B300)
 
 
 @pytest.mark.parametrize("case,overrides,expected", CASES, ids=[c[0] for c in CASES])
@@ -144,11 +147,13 @@ def test_every_problem_is_reported_at_once():
 
 
 def _lab_hosts(**groups):
-    """The lab inventory as the planner reads it without its frontdoor group (the planner's default), with
-    hosts added to groups ({group: [host, ...]})."""
+    """The lab inventory as the planner reads it with one router (lab-decode-0), without its frontdoor group
+    (the planner's default) and without the front door's virtual address, with hosts added to groups
+    ({group: [host, ...]})."""
     hosts = inventory.load(ROOT / "inventories/lab")
-    for host in hosts.values():
-        host["groups"] = [g for g in host["groups"] if g != "frontdoor"]
+    for name, host in hosts.items():
+        host["groups"] = [g for g in host["groups"] if g != "frontdoor" and (g != "router" or name == "lab-decode-0")]
+        host["vars"].pop("pdctl_frontdoor_vip", None)
     for group, members in groups.items():
         for host in members:
             hosts[host]["groups"].append(group)
@@ -158,7 +163,7 @@ def _lab_hosts(**groups):
 def test_frontdoor_defaults_to_the_router_host():
     plan = topology.build_plan(_lab_hosts())
     assert plan["frontdoor"] == {"hosts": ["lab-decode-0"], "addresses": ["10.89.64.13"], "port": 8443,
-                                 "metrics_port": 8405, "url": "https://10.89.64.13:8443"}
+                                 "metrics_port": 8405, "url": "https://10.89.64.13:8443", "vip": None}
     assert plan["routers"] == [plan["router"]]
     router = plan["router"]
     assert router["host"] == "lab-decode-0" and router["address"] == "10.89.64.13"
@@ -167,7 +172,7 @@ def test_frontdoor_defaults_to_the_router_host():
 
 
 def test_two_routers_are_accepted_and_listen_on_their_addresses():
-    plan = topology.build_plan(_lab_hosts(router=["lab-prefill-0"]))
+    plan = topology.build_plan(_with_vip(_lab_hosts(router=["lab-prefill-0"])))
     assert [r["host"] for r in plan["routers"]] == ["lab-decode-0", "lab-prefill-0"]
     assert plan["router"] == plan["routers"][0]
     # Each front-door host must reach every router, so no router listens on loopback.
@@ -176,7 +181,7 @@ def test_two_routers_are_accepted_and_listen_on_their_addresses():
     assert plan["routers"][0]["decode_urls"] == plan["routers"][1]["decode_urls"]
     assert plan["frontdoor"]["hosts"] == ["lab-decode-0", "lab-prefill-0"]
     assert plan["frontdoor"]["addresses"] == ["10.89.64.13", "10.89.64.11"]
-    assert plan["frontdoor"]["url"] == "https://10.89.64.13:8443"
+    assert plan["frontdoor"]["url"] == "https://10.89.64.200:8443"
 
 
 def test_with_the_front_door_on_one_of_two_routers_that_router_alone_listens_on_loopback():
@@ -207,9 +212,49 @@ def test_frontdoor_port_clash_with_an_instance_port():
     assert topology.build_plan(hosts)["frontdoor"]["port"] == 8443
 
 
+def _with_vip(hosts, vip=None):
+    for host in hosts.values():
+        host["vars"]["pdctl_frontdoor_vip"] = vip or {"address": "10.89.64.200", "virtual_router_id": 39}
+    return hosts
+
+
+def test_the_lab_runs_two_front_doors_behind_one_virtual_address():
+    plan = topology.build_plan(inventory.load(ROOT / "inventories/lab"))
+    fd = plan["frontdoor"]
+    assert fd["hosts"] == ["lab-decode-0", "lab-prefill-0"]
+    assert fd["vip"] == {"address": "10.89.64.200", "prefix": 32, "virtual_router_id": 39, "interface": None}
+    assert fd["url"] == "https://10.89.64.200:8443"
+    assert [r["host"] for r in plan["routers"]] == ["lab-decode-0", "lab-prefill-0"]
+
+
+def test_two_front_doors_need_a_virtual_address():
+    with pytest.raises(topology.PlanError, match="2 front-door hosts .lab-decode-0, lab-prefill-0. need pdctl_frontdoor_vip"):
+        topology.build_plan(_lab_hosts(router=["lab-prefill-0"]))
+
+
+@pytest.mark.parametrize("vip,expected", [
+    ({"address": "10.89.64.11", "virtual_router_id": 39}, "clashes with lab-prefill-0's own address"),
+    ({"address": "vip.example", "virtual_router_id": 39}, "is not an IP address"),
+    ({"address": "10.89.64.200", "virtual_router_id": 300}, "virtual_router_id must be 1..255"),
+    ({"address": "10.89.64.200"}, "virtual_router_id must be 1..255"),
+    ({"address": "10.89.64.200", "virtual_router_id": 39, "prefix": 33}, "prefix must be 1..32"),
+    ({"address": "10.89.64.200", "virtual_router_id": 39, "vrid": 1}, "must be {address"),
+])
+def test_a_bad_virtual_address_is_refused(vip, expected):
+    with pytest.raises(topology.PlanError, match=re.escape(expected)):
+        topology.build_plan(_with_vip(_lab_hosts(router=["lab-prefill-0"]), vip))
+
+
+def test_front_door_hosts_must_agree_on_the_virtual_address():
+    hosts = _with_vip(_lab_hosts(router=["lab-prefill-0"]))
+    hosts["lab-prefill-0"]["vars"]["pdctl_frontdoor_vip"] = {"address": "10.89.64.201", "virtual_router_id": 39}
+    with pytest.raises(topology.PlanError, match="front-door hosts disagree on pdctl_frontdoor_vip"):
+        topology.build_plan(hosts)
+
+
 def test_table_shows_every_router_and_the_front_door():
-    text = topology.format_table(topology.build_plan(_lab_hosts(router=["lab-prefill-1"])))
-    assert "front door: https://10.89.64.13:8443 on lab-decode-0, lab-prefill-1 (metrics :8405)" in text
+    text = topology.format_table(topology.build_plan(_with_vip(_lab_hosts(router=["lab-prefill-1"]))))
+    assert "front door: https://10.89.64.200:8443 on lab-decode-0, lab-prefill-1 (metrics :8405)" in text
     assert "router: http://10.89.64.13:8000 on lab-decode-0 (metrics :29000)" in text
     assert "router: http://10.89.64.12:8000 on lab-prefill-1 (metrics :29000)" in text
 

@@ -12,6 +12,13 @@ Scenarios:
   decode-crashloop  the decode unit's main process exits 1 at start (a drop-in replaces its ExecStart) and the
                     running one is killed: systemd restarts it every RestartSec and it dies each time; after
                     CRASHLOOP_S (60 s) the drop-in goes and the next restart comes up.
+  decode-host-loss  `podman kill` of the decode host's container (the decode instance, a P/D router, a front
+                    door and the virtual address's first holder go at once, as at a power loss); after
+                    HOST_DOWN_S (30 s) `podman start` brings it back and its units start as at a boot. The
+                    clients use the front door's virtual address (keepalived moves it to the other front door).
+
+Clients always use the plan's front-door URL (the virtual address when there is one). The mode is read on a
+front-door host that is not the decode host (it survives every scenario).
 
 The JSON line: scenario, requests, failed_requests, in_flight_at_fault (requests started before the fault
 and not finished at it), failed_started_after_grace (failures among requests started grace_s or more after
@@ -38,12 +45,12 @@ from pdctl.lab.load import HAPROXY_ASK, StreamLoad
 
 ROOT = collection.root()
 INVENTORY = ROOT / "inventories" / "lab"
-FRONTDOOR_HOST = "lab-decode-0"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
-SCENARIOS = ["decode-kill", "decode-crashloop"]
+SCENARIOS = ["decode-kill", "decode-crashloop", "decode-host-loss"]
 FAULT_AT_S = 10.0
 GRACE_S = 5.0
 CRASHLOOP_S = 60.0
+HOST_DOWN_S = 30.0
 # After P/D is back, the load runs this much longer (requests that started aggregated finish there).
 TAIL_S = 10.0
 CRASHLOOP_DROPIN = "zz-pdctl-faults-crashloop.conf"
@@ -87,7 +94,8 @@ def on_host(host, *argv, check=True):
 class ModeSampler(threading.Thread):
     """The front door's mode over time: samples [(wall time, "pd" | "aggregated" | "down")]."""
 
-    def __init__(self, host=FRONTDOOR_HOST):
+    def __init__(self, host=None):
+        host = host or survivor(inventory.plan(INVENTORY), "frontdoor")
         super().__init__(daemon=True)
         self.samples = []
         self.proc = subprocess.Popen(["podman", "exec", "-i", host, "python3", "-u", "-c", _MODE_PROBE],
@@ -144,6 +152,14 @@ class AlertWatcher(threading.Thread):
         self.join(10)
 
 
+def survivor(plan, role):
+    """A front-door ("frontdoor") or router ("router") host other than the decode host when the plan has one
+    (it outlives a decode-host loss), else the first."""
+    decode_hosts = {i["host"] for i in plan["instances"] if i["pool"] == "decode"}
+    hosts = plan["frontdoor"]["hosts"] if role == "frontdoor" else [r["host"] for r in plan["routers"]]
+    return next((h for h in hosts if h not in decode_hosts), hosts[0])
+
+
 def wait_for(predicate, timeout, what, poll=0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -159,6 +175,14 @@ def unit_state(host, unit):
     return dict(line.split("=", 1) for line in out.split())
 
 
+def back_up(host, unit, pid_before):
+    """The unit runs a new main process that answers /health (False while its host is still starting)."""
+    try:
+        return unit_state(host, unit)["MainPID"] not in ("0", pid_before)
+    except RuntimeError:
+        return False
+
+
 def healthy(host, url):
     """The instance answers /health 200, asked from its own host (the firewall admits it)."""
     code = on_host(host, "python3", "-c", "import urllib.request,sys\ntry:\n print(urllib.request.urlopen("
@@ -168,8 +192,8 @@ def healthy(host, url):
 
 def tpot_totals(plan):
     """(sum, count) of vllm:request_time_per_output_token_seconds over the prefill instances, read from the
-    router host (instance API ports admit only the router hosts)."""
-    router_host = plan["routers"][0]["host"]
+    router host that outlives a decode-host loss (instance API ports admit only the router hosts)."""
+    router_host = survivor(plan, "router")
     total, count = 0.0, 0.0
     for inst in (i for i in plan["instances"] if i["pool"] == "prefill"):
         text = on_host(router_host, "python3", "-c", "import urllib.request,sys\n"
@@ -201,12 +225,11 @@ def crashloop_dropin(host, unit, present):
 
 
 def run(scenario, clients=8, max_tokens=24, fault_at_s=FAULT_AT_S, crashloop_s=CRASHLOOP_S, tail_s=TAIL_S,
-        grace_s=GRACE_S):
+        grace_s=GRACE_S, host_down_s=HOST_DOWN_S):
     """The scenario under load; returns the result dict (the JSON line)."""
     plan = inventory.plan(INVENTORY)
     decode = next(i for i in plan["instances"] if i["pool"] == "decode")
-    fd = plan["frontdoor"]
-    frontdoor = "https://%s:%d" % (fd["addresses"][0], fd["port"])
+    frontdoor = plan["frontdoor"]["url"]  # the virtual address when there is one
     result = {"scenario": scenario, "requests": 0, "failed_requests": 0, "in_flight_at_fault": 0,
               "failed_started_after_grace": 0, "grace_s": grace_s, "first_ok_after_fault_s": None,
               "degraded_s": None, "back_to_pd_s": None, "degraded_mean_tpot_ms": None, "prefill_restarts": None,
@@ -227,8 +250,15 @@ def run(scenario, clients=8, max_tokens=24, fault_at_s=FAULT_AT_S, crashloop_s=C
             if scenario == "decode-crashloop":
                 crashloop_dropin(decode["host"], decode["unit"], True)
             fault = time.time()
-            on_host(decode["host"], "kill", "-9", decode_before["MainPID"])
-            log("%s: killed %s (pid %s)" % (scenario, decode["unit"], decode_before["MainPID"]))
+            if scenario == "decode-host-loss":
+                subprocess.run(["podman", "kill", decode["host"]], check=True, capture_output=True)
+                log("%s: killed the host %s (podman kill)" % (scenario, decode["host"]))
+                time.sleep(host_down_s)
+                subprocess.run(["podman", "start", decode["host"]], check=True, capture_output=True)
+                log("%s: %s started again after %.0f s" % (scenario, decode["host"], time.time() - fault))
+            else:
+                on_host(decode["host"], "kill", "-9", decode_before["MainPID"])
+                log("%s: killed %s (pid %s)" % (scenario, decode["unit"], decode_before["MainPID"]))
             if scenario == "decode-crashloop":
                 time.sleep(crashloop_s)
                 crashes = int(unit_state(decode["host"], decode["unit"])["NRestarts"]) - int(decode_before["NRestarts"])
@@ -236,8 +266,8 @@ def run(scenario, clients=8, max_tokens=24, fault_at_s=FAULT_AT_S, crashloop_s=C
                 if crashes < 2:
                     problems.append("the decode unit restarted %d times in %d s: no crash loop" % (crashes, crashloop_s))
                 crashloop_dropin(decode["host"], decode["unit"], False)
-            wait_for(lambda: (unit_state(decode["host"], decode["unit"])["MainPID"] not in ("0", decode_before["MainPID"])
-                              and healthy(decode["host"], decode["url"])), 180, "the decode instance back")
+            wait_for(lambda: (back_up(decode["host"], decode["unit"], decode_before["MainPID"])
+                              and healthy(decode["host"], decode["url"])), 240, "the decode instance back", poll=0.5)
             restored = time.time()
             log("decode answers /health again %.1f s after the fault" % (restored - fault))
             back = wait_for(lambda: sampler.first("pd", restored), 60, "the front door back in P/D mode")
@@ -270,7 +300,9 @@ def run(scenario, clients=8, max_tokens=24, fault_at_s=FAULT_AT_S, crashloop_s=C
         degraded_mean_tpot_ms=round(1000 * (tpot_after[0] - tpot_before[0]) / tpot_n, 1) if tpot_n else None,
         prefill_restarts=sum(int(prefill_after[u]["NRestarts"]) - int(prefill_before[u]["NRestarts"])
                              + (prefill_after[u]["MainPID"] != prefill_before[u]["MainPID"]) for u in prefill_after),
-        decode_restarts=int(unit_state(decode["host"], decode["unit"])["NRestarts"]) - int(decode_before["NRestarts"]),
+        # A host that booted again counts its units' restarts from 0.
+        decode_restarts=(None if scenario == "decode-host-loss" else
+                         int(unit_state(decode["host"], decode["unit"])["NRestarts"]) - int(decode_before["NRestarts"])),
         # Seconds from the fault to Prometheus reporting the alert firing (None: not seen; it holds for 10 s
         # after a 5 s scrape, so a short degraded spell may end first).
         degraded_alert_s=(round(alerts.firing["PdctlDegradedMode"] - fault, 1)

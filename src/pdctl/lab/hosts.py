@@ -29,9 +29,11 @@ LABEL = "io.pdctl.lab=1"
 CAP_SYS_RESOURCE = 24
 MODEL_MOUNT = "/mnt/model"
 # What the hosts need beyond the machine's quirks: NET_ADMIN for nftables (roles/firewall) in the
-# container's own network namespace; a reboot (systemd exits, `shutdown -r`) starts the host again, with
-# a fresh /run, as a server comes back (the driver upgrade of playbooks/maintenance.yml reboots).
-HOST_OPTIONS = ["--cap-add", "NET_ADMIN", "--restart", "always"]
+# container's own network namespace; NET_RAW for keepalived (roles/frontdoor_vip: its raw socket for IP
+# protocol 112, VRRP, and the packet socket of its gratuitous ARP fail with EPERM without it); a reboot
+# (systemd exits, `shutdown -r`) starts the host again, with a fresh /run, as a server comes back (the
+# driver upgrade of playbooks/maintenance.yml reboots).
+HOST_OPTIONS = ["--cap-add", "NET_ADMIN", "--cap-add", "NET_RAW", "--restart", "always"]
 OPTIONS_LABEL = "io.pdctl.lab.options"
 
 

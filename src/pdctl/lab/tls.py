@@ -24,7 +24,8 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 def _names(inventory_dir: Path) -> list[str]:
     from pdctl import inventory
     fd = inventory.plan(inventory_dir)["frontdoor"]
-    return sorted(set(fd["hosts"]) | set(fd["addresses"]) | {"localhost", "127.0.0.1"})
+    vip = [fd["vip"]["address"]] if fd.get("vip") else []
+    return sorted(set(fd["hosts"]) | set(fd["addresses"]) | set(vip) | {"localhost", "127.0.0.1"})
 
 
 def ensure(lab_dir: Path, inventory_dir: Path) -> Path:
