@@ -51,6 +51,7 @@ FAULT_AT_S = 10.0
 GRACE_S = 5.0
 CRASHLOOP_S = 60.0
 HOST_DOWN_S = 30.0
+HOST_LOSS_CLIENT_TIMEOUT_S = 10.0
 # After P/D is back, the load runs this much longer (requests that started aggregated finish there).
 TAIL_S = 10.0
 CRASHLOOP_DROPIN = "zz-pdctl-faults-crashloop.conf"
@@ -245,7 +246,11 @@ def run(scenario, clients=8, max_tokens=24, fault_at_s=FAULT_AT_S, crashloop_s=C
     wait_for(lambda: sampler.mode() == "pd", 30, "the front door in P/D mode before the fault")
     offset = time.time() - time.monotonic()  # StreamLoad's times are monotonic; the sampler's wall
     try:
-        with StreamLoad(frontdoor, client_key(), clients=clients, max_tokens=max_tokens, verify=CA) as load:
+        # A lost host answers nothing: its streams end only by the client's own inactivity timeout (as a real
+        # client's would), here HOST_LOSS_CLIENT_TIMEOUT_S instead of 120 s.
+        timeout = HOST_LOSS_CLIENT_TIMEOUT_S if scenario == "decode-host-loss" else 120
+        with StreamLoad(frontdoor, client_key(), clients=clients, max_tokens=max_tokens, verify=CA,
+                        timeout=timeout) as load:
             time.sleep(fault_at_s)
             if scenario == "decode-crashloop":
                 crashloop_dropin(decode["host"], decode["unit"], True)

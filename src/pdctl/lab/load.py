@@ -50,6 +50,9 @@ class StreamLoad:
     verify: str | bool = True
     outcomes: list = field(default_factory=list)
     model: str = MODEL
+    # Each client's httpx timeout (s, for connect and every read): a stream whose server vanished (a host
+    # lost, no FIN nor RST ever comes) fails after this much silence.
+    timeout: float = 120
 
     def __post_init__(self):
         self._stop = threading.Event()
@@ -76,7 +79,7 @@ class StreamLoad:
                 "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
         headers = {"Authorization": "Bearer " + self.key}
-        with httpx.Client(timeout=120, verify=self.verify) as client:
+        with httpx.Client(timeout=self.timeout, verify=self.verify) as client:
             while not self._stop.is_set():
                 t0, wall0, status, error, reader = time.monotonic(), time.time(), None, "", rule.StreamReader()
                 try:
