@@ -9,15 +9,20 @@ import yaml
 from pdctl import collection
 
 ROOT = collection.root()
+# The production inventory as the unit tests see it: production's group_vars, the recipe's three hosts
+# (tests/fixtures/inventories/README.md). PRODUCTION is the real one, for tests whose point it is.
+B300 = ROOT / "tests" / "fixtures" / "inventories" / "b300"
+PRODUCTION = ROOT / "inventories" / "b300"
 
 
 def inventory_variant(dest: Path, overrides: dict | None = None, base: str = "lab") -> Path:
-    """Copy inventories/<base> (links resolved) to dest and apply overrides.
+    """Copy an inventory (links resolved) to dest and apply overrides: base "lab" is inventories/lab,
+    "b300" the tests' production inventory (B300).
 
     overrides: {"host_vars/<host>": {...}, "group_vars/<group>": {...}, "hosts": <whole hosts.yml>}
     Group overrides land in a file sorted after the originals, so they win like an operator's edit.
     """
-    shutil.copytree(ROOT / "inventories" / base, dest, symlinks=False)
+    shutil.copytree(B300 if base == "b300" else ROOT / "inventories" / base, dest, symlinks=False)
     if base == "lab":
         # The lab inventory finds the lab's files (keys, profile) beside itself (../../.lab): a copy elsewhere
         # still means this checkout's lab, as connection.yml has it (PDCTL_LAB_DIR first).

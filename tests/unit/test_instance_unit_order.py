@@ -10,9 +10,11 @@ import subprocess
 import pytest
 
 import requires
-from pdctl import cli, collection
+from pdctl import cli, collection, inventory
 
 ROOT = collection.root()
+# Production's render, however many hosts inventories/b300 has, and the lab's.
+INVENTORIES = {"b300": ROOT / "inventories/b300", "lab": ROOT / "inventories/lab"}
 VENV_BIN = "/opt/pdctl/venvs/current/bin/"
 # What the host stack installs (nvidia_fabric, nvidia_driver); openibd is left out on purpose: Wants= of a
 # unit a host lacks (the lab, a host without DOCA-OFED) must not fail.
@@ -24,9 +26,9 @@ def units(tmp_path_factory):
     out = {}
     for inv in ("b300", "lab"):
         d = tmp_path_factory.mktemp(inv)
-        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        assert cli.main(["render", "-i", str(INVENTORIES[inv]), "--out", str(d)]) == 0
         out[inv] = sorted(d.glob("*/etc/systemd/system/pdctl-vllm-*.service"))
-        assert out[inv], inv
+        assert len(out[inv]) == len(inventory.plan(INVENTORIES[inv])["instances"]), inv  # one per instance
     return out
 
 
@@ -73,7 +75,7 @@ def test_rendered_units_pass_systemd_analyze_verify(units, tmp_path):
                                  env=dict(os.environ, SYSTEMD_UNIT_PATH="%s:" % stubs))
             assert res.returncode == 0 and not res.stderr.strip(), "%s %s: %s" % (inv, path.name, res.stderr)
             checked.append(path.name)
-    assert len(checked) == 10
+    assert len(checked) == len(units["b300"]) + len(units["lab"])
 
 
 def test_verify_fails_without_the_fabric_manager(units, tmp_path):

@@ -16,7 +16,7 @@ import yaml
 
 import requires
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import kvpath, topology
-from inventories import ROOT, inventory_variant
+from inventories import B300, ROOT, inventory_variant
 from pdctl import inventory
 from test_hw_captures import recorded_kv_runs
 
@@ -24,7 +24,7 @@ SWITCH_MGMT = {"mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5"}
 
 
 def b300_plan(**overrides):
-    hosts = inventory.load(ROOT / "inventories/b300")
+    hosts = inventory.load(B300)
     for h in hosts.values():
         h["vars"].update(overrides)
     return topology.build_plan(hosts)
@@ -50,7 +50,7 @@ def test_each_prefill_instance_is_read_from_a_gpu_on_each_socket_through_its_own
 
 
 def test_an_instance_spanning_both_sockets_is_checked_on_each_and_all_checks_every_gpu():
-    hosts = inventory.load(ROOT / "inventories/b300")
+    hosts = inventory.load(B300)
     for name in ("b300-prefill-0", "b300-prefill-1"):
         hosts[name]["vars"]["pdctl_pools"] = {"prefill": {"tensor_parallel_size": 1, "data_parallel_size": 8},
                                               "decode": {"tensor_parallel_size": 1, "data_parallel_size": 8}}

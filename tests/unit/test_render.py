@@ -5,8 +5,8 @@ import shlex
 
 import pytest
 
-from inventories import ROOT
-from pdctl import cli
+from inventories import B300, PRODUCTION, ROOT
+from pdctl import cli, inventory
 
 RECIPE = (ROOT / "tests/fixtures/recipe-commands.txt").read_text()
 PLAN_ADDED = {"--port", "--data-parallel-rpc-port"}  # what the plan adds per instance, nothing else
@@ -56,10 +56,12 @@ def exec_start(unit_text):
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
+    """b300: the tests' three hosts (tests/fixtures/inventories); production: inventories/b300 itself, for the
+    checks that hold for any number of hosts."""
     out = {}
-    for inv in ("b300", "lab"):
+    for inv, path in (("b300", B300), ("lab", ROOT / "inventories/lab"), ("production", PRODUCTION)):
         d = tmp_path_factory.mktemp(inv)
-        assert cli.main(["render", "-i", str(ROOT / "inventories" / inv), "--out", str(d)]) == 0
+        assert cli.main(["render", "-i", str(path), "--out", str(d)]) == 0
         out[inv] = d
     return out
 
@@ -71,8 +73,8 @@ def units(root, pattern="pdctl-vllm-*.service"):
 @pytest.mark.parametrize("pool", ["prefill", "decode"])
 def test_rendered_flags_equal_the_recipe(rendered, pool):
     want = deployed_flags(pool)
-    found = {name: text for name, text in units(rendered["b300"]).items() if pool in name}
-    assert len(found) == (4 if pool == "prefill" else 1)
+    found = {name: text for name, text in units(rendered["production"]).items() if pool in name}
+    assert len(found) == len([i for i in inventory.plan(PRODUCTION)["instances"] if i["pool"] == pool])
     for name, text in found.items():
         argv = exec_start(text)
         assert argv[0] == "/opt/pdctl/venvs/current/bin/vllm" and argv[1:3] == ["serve", "/mnt/model/glm/GLM-5.2-NVFP4"]
@@ -96,7 +98,7 @@ def test_every_instance_gets_its_own_gpus_ports_and_side_channel(rendered):
 
 
 def test_units_run_unprivileged_and_drain_before_kill(rendered):
-    for name, text in units(rendered["b300"]).items():
+    for name, text in units(rendered["production"]).items():
         assert "User=pdctl" in text and "LimitMEMLOCK=infinity" in text and "Restart=on-failure" in text
         stop = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
         assert stop > 300, "%s: systemd must outwait --shutdown-timeout 300" % name
