@@ -12,16 +12,26 @@ from pdctl import collection
 ROOT = collection.root()
 
 
+GALAXY = str(Path(sys.executable).parent / "ansible-galaxy")
+
+
 @pytest.fixture(scope="session")
-def installed_collection(tmp_path_factory):
-    """The collection as a user gets it: `ansible-galaxy collection build`, then `install` into an empty
-    path (--force: this checkout is linked into the venv as the same collection). Its dependencies come
-    from the ansible package's own copies (Galaxy is not reachable here)."""
-    base = tmp_path_factory.mktemp("collection")
-    galaxy = str(Path(sys.executable).parent / "ansible-galaxy")
-    subprocess.run([galaxy, "collection", "build", str(ROOT), "--output-path", str(base / "build")],
+def collection_tarball(tmp_path_factory):
+    """`ansible-galaxy collection build` of this checkout: the tarball's path."""
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run([GALAXY, "collection", "build", str(ROOT), "--output-path", str(build)],
                    check=True, capture_output=True, text=True)
-    tarball = next((base / "build").glob("pdctl-vllm_pd-*.tar.gz"))
+    return next(build.glob("pdctl-vllm_pd-*.tar.gz"))
+
+
+@pytest.fixture(scope="session")
+def installed_collection(tmp_path_factory, collection_tarball):
+    """The collection as a user gets it: the built tarball `install`ed into an empty path (--force: this
+    checkout is linked into the venv as the same collection). Its dependencies come from the ansible
+    package's own copies (Galaxy is not reachable here)."""
+    base = tmp_path_factory.mktemp("collection")
+    galaxy = GALAXY
+    tarball = collection_tarball
     path = base / "collections"
     subprocess.run([galaxy, "collection", "install", "--no-deps", "--force", "-p", str(path), str(tarball)],
                    check=True, capture_output=True, text=True)

@@ -5,19 +5,22 @@
 (the quarantine floor's name without its final s silently leaves quarantine off).
 
 The known names are not a list kept by hand: they are every `pdctl_*` name that the collection's own code
-mentions (roles, playbooks, plugins, library, and the pdctl package under src/, which reads the lab's
-variables). Inventories are deliberately not a source: defining a name is not reading it.
+mentions (roles, playbooks, plugins, library), and those the pdctl package mentions where it is installed (its
+`pdctl stage` and the lab read a few: pdctl_stage_*, pdctl_lab_*). The package is no part of the built
+collection; in a checkout it is src/pdctl. Inventories are deliberately not a source: defining a name is not
+reading it.
 """
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import os
 import re
 
 NAME = re.compile(r"\bpdctl_[a-z0-9_]+")
 # Where variables are read, relative to the collection root (what exists there is scanned).
-SOURCES = ("roles", "playbooks", "plugins", "library", "src/pdctl")
+SOURCES = ("roles", "playbooks", "plugins", "library")
 SUFFIXES = (".yml", ".yaml", ".j2", ".py", ".cfg", ".ini", ".json")
 
 
@@ -26,13 +29,26 @@ def collection_root():
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 
+def package_dir():
+    """The pdctl package's directory where the controller's Python has it (a checkout's src/pdctl, or wherever
+    pip installed it), else None. Found, not imported."""
+    try:
+        spec = importlib.util.find_spec("pdctl")
+    except (ImportError, ValueError):
+        return None
+    return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
+
+
 @functools.lru_cache(maxsize=4)
 def known_variables(root=None):
-    """frozenset of every pdctl_* name the collection's code mentions."""
+    """frozenset of every pdctl_* name the collection's code, and the pdctl package where installed, mention."""
     root = root or collection_root()
     names = set()
-    for source in SOURCES:
-        for base, dirs, files in os.walk(os.path.join(root, source)):
+    sources = [os.path.join(root, source) for source in SOURCES]
+    if package_dir():
+        sources.append(package_dir())
+    for source in sources:
+        for base, dirs, files in os.walk(source):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for name in files:
                 if name.endswith(SUFFIXES):

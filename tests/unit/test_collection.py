@@ -3,11 +3,12 @@ metadata consistent with what preflight enforces."""
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import yaml
 
-from collection_build import installed_collection  # noqa: F401  (a fixture)
+from collection_build import collection_tarball, installed_collection  # noqa: F401  (fixtures)
 from inventories import ROOT
 
 ONLY_INSTALLED = {"ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false"}
@@ -27,6 +28,40 @@ def test_installed_roles_and_playbooks_are_listed(installed_collection):
     assert {p.name for p in (root / "roles").iterdir()} == {p.name for p in (ROOT / "roles").iterdir()}
     assert (root / "playbooks" / "site.yml").is_file() and (root / "meta" / "runtime.yml").is_file()
     assert not (root / ".venv").exists() and not (root / ".lab").exists()
+
+
+# What the tarball must not carry: the pdctl package (pip installs it), the tests, the benchmarks, the lab and
+# what a checkout makes (galaxy.yml's build_ignore).
+NOT_THE_COLLECTION = ("src", "tests", "benchmarks", "molecule", "scripts", "inventories/lab", "library", ".lab",
+                      "artifacts", ".venv", ".ansible", ".git", ".ci", "pyproject.toml")
+
+
+def test_the_tarball_holds_the_collection_only(collection_tarball):
+    with tarfile.open(collection_tarball) as tar:
+        names = tar.getnames()
+    stray = [n for n in names if any(n == top or n.startswith(top + "/") for top in NOT_THE_COLLECTION)
+             or "__pycache__" in n or n.endswith((".pyc", ".tar.gz"))]
+    assert not stray, "not the collection: %s" % stray[:20]
+    # What a user runs is there (the playbooks, every role, the plugins, the sample production inventory).
+    for needed in ("MANIFEST.json", "meta/runtime.yml",
+                   "playbooks/site.yml", "plugins/modules/sla_gate.py", "plugins/module_utils/topology.py",
+                   "inventories/b300/hosts.yml"):
+        assert needed in names, needed
+    assert {n.split("/")[1] for n in names if n.startswith("roles/")} == {p.name for p in (ROOT / "roles").iterdir()}
+
+
+def test_the_installed_collection_plans_the_production_inventory(installed_collection):
+    """The planner refuses pdctl_* names nothing reads; `pdctl stage` and the lab read some (pdctl_stage_*,
+    pdctl_lab_*) and the pdctl package is not in the tarball: where pdctl is installed they are still known
+    (plugins/module_utils/varnames.py), so `pdctl plan` accepts production's inventory with only the installed
+    collection visible."""
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(installed_collection), **ONLY_INSTALLED)
+    code = ("import pdctl, sys; from pdctl import cli, collection; print(collection.root()); "
+            "sys.exit(cli.main(['plan', '-i', sys.argv[1]]))")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT / "inventories/b300")], capture_output=True,
+                         text=True, env=env, cwd=installed_collection)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith(str(installed_collection)), res.stdout  # the installed copy planned it
 
 
 def test_requires_ansible_is_what_preflight_enforces():
