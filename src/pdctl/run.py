@@ -26,7 +26,8 @@ from pdctl import collection, inventory, runner
 EXIT_OK, EXIT_OTHER, EXIT_INVALID, EXIT_GATE, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 # The preflight task that validates the serving plan: failing there means the inventory was rejected.
 PLAN_TASK = "Inventory describes a valid P/D deployment"
-GATE_VERDICT_TASK = "Both gates passed"
+# playbooks/gates.yml reports its verdict through set_stats, before it asserts it.
+GATES_VERDICT = "pdctl_gates_verdict"
 # playbooks/upgrade.yml's last task: fails when a release switch was rolled back (the gates rejected it).
 UPGRADE_VERDICT_TASK = "Upgrade done, or rolled back"
 # upgrade_pass.yml's and maintenance.yml's plan of the run (rollout_plan's lines), printed by pdctl.
@@ -103,13 +104,21 @@ def exit_code(result: runner.PlaybookResult) -> int:
         return EXIT_INVALID
     if any(f.get("unreachable") for f in result.failures):
         return EXIT_UNREACHABLE
-    if failed_gates(result) or any(f["task"] == UPGRADE_VERDICT_TASK for f in result.failures):
+    if failed_gates(result) or gates_rejected(result) or any(f["task"] == UPGRADE_VERDICT_TASK
+                                                            for f in result.failures):
         return EXIT_GATE
     return EXIT_OTHER
 
 
 def failed_gates(result: runner.PlaybookResult) -> list[str]:
     return sorted(name for name, res in result.gates.items() if not res.get("passed"))
+
+
+def gates_rejected(result: runner.PlaybookResult) -> dict | None:
+    """The gates' verdict (playbooks/gates.yml's set_stats, with the play that reported it) when it rejected
+    the rollout and was enforced (so the play failed on it), else None."""
+    verdict = result.reported.get(GATES_VERDICT)
+    return verdict if verdict and not verdict.get("passed") and verdict.get("enforced") else None
 
 
 def summary(result: runner.PlaybookResult, playbook: str, inventory_path: str, code: int, wall_s: float) -> dict:
@@ -143,6 +152,7 @@ def junit(result: runner.PlaybookResult, playbook: str) -> ET.ElementTree:
     for out in result.outcomes:
         by_play.setdefault(out["play"], []).append(out)
     gate_failures = {name: res for name, res in result.gates.items() if not res.get("passed")}
+    rejected = gates_rejected(result)
     for play, outs in by_play.items():
         failed = sum(1 for o in outs if o["failure"])
         suite = ET.SubElement(suites, "testsuite", name=str(play), tests=str(len(outs)), failures=str(failed))
@@ -152,7 +162,8 @@ def junit(result: runner.PlaybookResult, playbook: str) -> ET.ElementTree:
             if out["failure"]:
                 f = out["failure"]
                 message = "%s: %s" % (f["task"], f["msg"])
-                if f["task"] == GATE_VERDICT_TASK or f["task"] in _gate_task_names(gate_failures):
+                # A gate module's failure, or any failure of the play whose gates verdict rejected the rollout.
+                if f.get("action") in runner.GATE_ACTIONS or (rejected and f["play"] == rejected["play"]):
                     message = "gate failed (%s): %s" % (", ".join(sorted(gate_failures)) or "?", message)
                 kind = "unreachable" if f.get("unreachable") else "failed"
                 node = ET.SubElement(case, "failure", message=message[:1000], type=kind)
@@ -160,11 +171,6 @@ def junit(result: runner.PlaybookResult, playbook: str) -> ET.ElementTree:
             ET.SubElement(case, "system-out").text = "ok=%d changed=%d skipped=%d" % (
                 out["ok"], out["changed"], out["skipped"])
     return ET.ElementTree(suites)
-
-
-def _gate_task_names(gate_failures):
-    return {"SLA gate (mean TTFT and TPOT per context length)", "Accuracy gate (AIME, GPQA, LongBench v2 subsets)"} \
-        if gate_failures else set()
 
 
 def _cmd_run(args) -> int:

@@ -39,6 +39,9 @@ class PlaybookResult:
     gates: dict = field(default_factory=dict)
     # The quarantine report's lines (a headline, then "<host>: <check>: <message>"); [] when none.
     quarantine: list = field(default_factory=list)
+    # What the playbooks reported through set_stats ({name: data, with "play": the play that reported it}),
+    # e.g. playbooks/gates.yml's pdctl_gates_verdict: outcomes are read from there, not from task names.
+    reported: dict = field(default_factory=dict)
 
     def total(self, key: str) -> int:
         return sum((self.stats.get(key) or {}).values())
@@ -75,6 +78,7 @@ class _Recorder:
         self.outcomes = {}  # (play, host) -> counts
         self.gates = {}
         self.quarantine = []
+        self.reported = {}
         self.play = None
         self.progress = progress
 
@@ -103,12 +107,17 @@ class _Recorder:
             else:
                 out["unreachable" if kind == "runner_on_unreachable" else "failed"] += 1
                 failure = {"host": data.get("host"), "play": self.play, "task": data.get("task"),
+                           "action": data.get("resolved_action") or data.get("task_action"),
                            "msg": res.get("msg"), "unreachable": kind == "runner_on_unreachable"}
                 out["failure"] = out["failure"] or failure
                 self.failures.append(failure)
             if kind == "runner_on_ok" and data.get("task") == QUARANTINE_REPORT_TASK:
                 msg = res.get("msg")
                 self.quarantine = [str(m) for m in msg] if isinstance(msg, list) else [str(msg)]
+            if kind == "runner_on_ok" and isinstance(res.get("ansible_stats"), dict):
+                for name, value in (res["ansible_stats"].get("data") or {}).items():
+                    if name.startswith("pdctl_") and isinstance(value, dict):
+                        self.reported[name] = dict(value, play=self.play)
             gate = GATE_ACTIONS.get(data.get("resolved_action") or data.get("task_action"))
             if gate and kind in ("runner_on_ok", "runner_on_failed"):
                 self.gates[gate] = {k: v for k, v in res.items() if not k.startswith("_") and k != "invocation"}
@@ -171,4 +180,4 @@ def run_playbook(playbook: str, inventory: str | os.PathLike, *, check: bool = F
                           "unknown; the events read so far are under %s" % (playbook, pdd)) from None
     return PlaybookResult(rc=r.rc, status=r.status, stats=r.stats or {}, artifact_dir=Path(r.config.artifact_dir),
                           failures=recorder.failures, outcomes=list(recorder.outcomes.values()),
-                          gates=recorder.gates, quarantine=recorder.quarantine)
+                          gates=recorder.gates, quarantine=recorder.quarantine, reported=recorder.reported)

@@ -10,6 +10,8 @@ from malformed import CASES
 from pdctl import cli, run, runner
 
 P0, D0 = "lab-prefill-0", "lab-decode-0"
+VERDICT_TASK = "Both gates passed"  # playbooks/gates.yml; pdctl reads the verdict from its set_stats, not this name
+REJECTED = {"pdctl_gates_verdict": {"passed": False, "enforced": True, "play": "Rollout gates"}}
 
 
 def outcome(play, host, failure=None, **counts):
@@ -19,10 +21,10 @@ def outcome(play, host, failure=None, **counts):
     return out
 
 
-def result(rc=0, failures=(), outcomes=(), gates=None):
+def result(rc=0, failures=(), outcomes=(), gates=None, reported=None):
     return runner.PlaybookResult(rc=rc, status="successful" if rc == 0 else "failed", stats={},
                                  artifact_dir=Path("/tmp/a"), failures=list(failures), outcomes=list(outcomes),
-                                 gates=gates or {})
+                                 gates=gates or {}, reported=reported or {})
 
 
 def failure(host, task, msg, play="p", unreachable=False):
@@ -33,17 +35,19 @@ def test_exit_codes_tell_the_outcomes_apart():
     assert run.exit_code(result(0)) == 0
     assert run.exit_code(result(2, [failure(P0, run.PLAN_TASK, "bad")])) == 2
     assert run.exit_code(result(4, [failure(P0, "Gather", "ssh: no route", unreachable=True)])) == 4
-    gate_failed = result(2, [failure(D0, run.GATE_VERDICT_TASK, "Rollout rejected")],
+    gate_failed = result(2, [failure(D0, VERDICT_TASK, "Rollout rejected")],
                          gates={"sla": {"passed": False, "failures": ["context 4096: mean TPOT 11 ms > 1 ms"]},
-                                "accuracy": {"passed": True}})
+                                "accuracy": {"passed": True}}, reported=REJECTED)
     assert run.exit_code(gate_failed) == 3
+    # The verdict alone (a rejection on the last measured verdict, no gate module ran) is a gate failure too.
+    assert run.exit_code(result(2, [failure(D0, VERDICT_TASK, "Rollout rejected")], reported=REJECTED)) == 3
     assert run.exit_code(result(2, [failure(P0, "Instance units", "template error")])) == 1
 
 
 def test_junit_has_one_case_per_play_and_host_and_names_the_failing_gate(tmp_path):
-    f = failure(D0, run.GATE_VERDICT_TASK, "Rollout rejected. SLA: failed", play="Rollout gates")
+    f = failure(D0, VERDICT_TASK, "Rollout rejected. SLA: failed", play="Rollout gates")
     res = result(2, [f], [outcome("Preflight", P0), outcome("Preflight", D0), outcome("Rollout gates", D0, f, failed=1)],
-                 gates={"sla": {"passed": False}, "accuracy": {"passed": True}})
+                 gates={"sla": {"passed": False}, "accuracy": {"passed": True}}, reported=REJECTED)
     path = tmp_path / "j.xml"
     run.junit(res, "site.yml").write(path, encoding="unicode", xml_declaration=True)
     root = ET.parse(path).getroot()
@@ -57,14 +61,14 @@ def test_junit_has_one_case_per_play_and_host_and_names_the_failing_gate(tmp_pat
 
 
 def test_json_summary_sums_hosts_and_lists_failed_tasks_and_gates():
-    f = failure(D0, run.GATE_VERDICT_TASK, "Rollout rejected", play="Rollout gates")
+    f = failure(D0, VERDICT_TASK, "Rollout rejected", play="Rollout gates")
     res = result(2, [f], [outcome("A", D0, changed=2), outcome("Rollout gates", D0, f, ok=1, failed=1)],
                  gates={"sla": {"passed": False, "failures": ["x"], "runs": [{"input_len": 1024}]},
-                        "accuracy": {"passed": True, "benchmarks": {"aime": {"correct": 28}}}})
+                        "accuracy": {"passed": True, "benchmarks": {"aime": {"correct": 28}}}}, reported=REJECTED)
     doc = run.summary(res, "site.yml", "inventories/lab", 3, 12.3)
     assert doc["outcome"] == "gate failed" and doc["failed_gates"] == ["sla"]
     assert doc["hosts"][D0] == {"ok": 4, "changed": 2, "failed": 1, "unreachable": 0, "skipped": 2}
-    assert doc["failed_tasks"] == [{"host": D0, "play": "Rollout gates", "task": run.GATE_VERDICT_TASK,
+    assert doc["failed_tasks"] == [{"host": D0, "play": "Rollout gates", "task": VERDICT_TASK,
                                     "msg": "Rollout rejected"}]
     assert doc["gates"]["sla"]["runs"] == [{"input_len": 1024}] and doc["gates"]["accuracy"]["passed"]
     json.dumps(doc)  # serialisable as written
@@ -132,3 +136,30 @@ def test_task_results_read_each_hosts_result_of_a_task_from_the_events(tmp_path)
     res = runner.PlaybookResult(rc=2, status="failed", stats={}, artifact_dir=tmp_path)
     assert res.task_results("T") == {P0: {"msg": "T on %s" % P0}, D0: {"msg": "T on %s" % D0}}
     assert res.task_results("nothing") == {}
+
+
+def test_the_verdict_is_read_from_set_stats_whatever_the_task_is_called(tmp_path):
+    """A real run through ansible-runner: a play reports a rejecting verdict with set_stats (as playbooks/gates.yml
+    does) and then fails on a task of any name; pdctl reads the verdict, exits 3 and says so in the JUnit file."""
+    book = tmp_path / "verdict.yml"
+    book.write_text("""---
+- name: Rollout gates
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Whatever the report is called
+      ansible.builtin.set_stats:
+        data: {pdctl_gates_verdict: {passed: false, enforced: true}}
+        per_host: false
+        aggregate: false
+    - name: Whatever the verdict is called
+      ansible.builtin.assert: {that: false, fail_msg: Rollout rejected}
+""")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    localhost: {ansible_connection: local}\n")
+    res = runner.run_playbook(str(book), inv, private_data_dir=str(tmp_path / "runner"))
+    assert res.reported == REJECTED
+    assert run.exit_code(res) == 3
+    (message,) = [c.find("failure").get("message") for c in run.junit(res, "verdict.yml").getroot().iter("testcase")
+                  if c.find("failure") is not None]
+    assert message.startswith("gate failed (?): Whatever the verdict is called: Rollout rejected"), message
