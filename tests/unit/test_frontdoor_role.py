@@ -66,13 +66,15 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     # whole limit; the queue is bounded.
     assert re.search(r"server admission abns@pdctl-routers maxconn %d maxqueue %d$" % (inflight, 2 * inflight), text, re.M)
     assert "queue(be_admission) ge %d" % (2 * inflight) in text
-    # The P/D routers first, then (degraded mode, issue 39) each router host's aggregated router: `balance
-    # first` sends every request to the first ready one, a retry to the next.
-    # Two front doors (a virtual address): every router listens on its host's address.
+    # This host's P/D router, then (degraded mode, issue 39) its aggregated router, then the other router
+    # host's two: `balance first` sends every request to the first ready one, a retry to the next, so a
+    # request its P/D router fails is retried aggregated, not on another P/D router that lost the same
+    # decode. Two front doors (a virtual address): every router listens on its host's address.
     servers = re.findall(r"^\s+server (\S+) (\S+)$", text, re.M)
-    assert len(plan["routers"]) == 2
-    assert servers == ([(r["host"], "%s:8000" % r["address"]) for r in plan["routers"]]
-                       + [(r["host"] + "-aggregated", "%s:8002" % r["address"]) for r in plan["routers"]])
+    here, there = plan["routers"]
+    assert here["host"] == plan["frontdoor"]["hosts"][0]
+    assert servers == [(r["host"] + suffix, "%s:%d" % (r["address"], port))
+                       for r in (here, there) for suffix, port in (("", 8000), ("-aggregated", 8002))]
     assert "balance first" in text and "option redispatch 1" in text
     # Each router's standby (rolling upgrades) is configured out of rotation: only the upgrade brings it in.
     assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
@@ -121,15 +123,17 @@ def test_two_front_door_hosts_behind_a_virtual_address_each_admit_the_limit(tmp_
     keepalived configuration names this host's address, its peer and the address."""
     out = tmp_path / "out"
     assert cli.main(["render", "-i", str(ROOT / "inventories/lab"), "--out", str(out)]) == 0
-    for host, own, peer, priority in (("lab-decode-0", "10.89.64.13", "10.89.64.11", 150),
-                                      ("lab-prefill-0", "10.89.64.11", "10.89.64.13", 140)):
+    for host, own, other, peer, priority in (
+            ("lab-decode-0", "10.89.64.13", "lab-prefill-0", "10.89.64.11", 150),
+            ("lab-prefill-0", "10.89.64.11", "lab-decode-0", "10.89.64.13", 140)):
         text = (out / host / "etc/haproxy/haproxy.cfg").read_text()
         assert "maxconn 16 maxqueue 32" in text
+        # Its own routers first (P/D, then aggregated), then its peer's.
         assert re.findall(r"^\s+server (\S+) (\S+)$", text, re.M) == [
-            ("lab-decode-0", "10.89.64.13:8000"), ("lab-prefill-0", "10.89.64.11:8000"),
-            ("lab-decode-0-aggregated", "10.89.64.13:8002"), ("lab-prefill-0-aggregated", "10.89.64.11:8002")]
+            (host, own + ":8000"), (host + "-aggregated", own + ":8002"),
+            (other, peer + ":8000"), (other + "-aggregated", peer + ":8002")]
         assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
-            ("lab-decode-0-standby", "10.89.64.13:8001"), ("lab-prefill-0-standby", "10.89.64.11:8001")]
+            (host + "-standby", own + ":8001"), (other + "-standby", peer + ":8001")]
         vrrp = (out / host / "etc/keepalived/keepalived.conf").read_text()
         assert re.search(r"^\s+unicast_src_ip %s$" % own, vrrp, re.M)
         assert re.search(r"^\s+unicast_peer \{\n\s+%s\n\s+\}" % peer, vrrp, re.M)
