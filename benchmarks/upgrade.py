@@ -334,13 +334,14 @@ def main():
 
 
 def end_state_problems(sampler):
-    """The normal state after every scenario: the front door sends to the P/D router only, which reaches all
-    four prefill instances, with the aggregated router up behind it (degraded mode's route); no standby router,
-    no temporary decode left behind."""
+    """The normal state after every scenario: the front door sends to the P/D routers only (every router host's),
+    which reach all four prefill instances, with each router host's aggregated router up (degraded mode's route);
+    no standby router, no temporary decode left behind."""
     problems = []
     last = sampler.samples[-1][1] if sampler.samples else {}
-    if (last.get("active") != [FRONTDOOR_HOST] or len(last.get("healthy", [])) != 4
-            or last.get("aggregated") != [FRONTDOOR_HOST + "-aggregated"]):
+    routers = sorted(r["host"] for r in inventory.plan(str(INVENTORY))["routers"])
+    if (sorted(last.get("active", [])) != routers or len(last.get("healthy", [])) != 4
+            or sorted(last.get("aggregated", [])) != [h + "-aggregated" for h in routers]):
         problems.append("front door left in %s" % last)
     for host, unit in ((FRONTDOOR_HOST, "pdctl-router-standby.service"),
                        ("lab-prefill-0", "pdctl-vllm-decode-temporary.service")):

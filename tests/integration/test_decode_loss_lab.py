@@ -54,7 +54,9 @@ def test_decode_kill_degrades_and_returns_to_pd_by_itself(converged_lab):
 
 
 def test_frontdoor_health_is_503_only_when_nothing_can_serve(converged_lab):
-    sampler = faults.ModeSampler()
+    # The mode of the front door this test asks (FRONTDOOR: lab-decode-0's); the other one checks the same
+    # routers on its own clock, up to a check interval apart.
+    sampler = faults.ModeSampler("lab-decode-0")
     sampler.start()
     try:
         _until(lambda: sampler.mode() == "pd", 30, "the front door is not in P/D mode to begin with")

@@ -39,7 +39,7 @@ def plan(converged_lab):
 
 @pytest.fixture(scope="module")
 def url(plan):
-    assert plan["frontdoor"]["url"] == "https://10.89.64.13:8443"
+    assert plan["frontdoor"]["url"] == "https://10.89.64.200:8443"  # the virtual address (issue 39)
     return plan["frontdoor"]["url"]
 
 
@@ -152,7 +152,7 @@ def test_gates_pass_through_the_front_door(converged_lab, lab):
                                  envvars=LAB_ENV)
     assert result.ok, "%s\n%s" % (result.recap(), result.failures)
     reports = sorted((ROOT / "artifacts/gates").glob("*/sla.json"), key=lambda p: p.stat().st_mtime)
-    assert json.loads(reports[-1].read_text())["router_url"] == "https://10.89.64.13:8443"
+    assert json.loads(reports[-1].read_text())["router_url"] == "https://10.89.64.200:8443"
 
 
 # -- acceptance 3: hard in-flight limit ------------------------------------------------------------

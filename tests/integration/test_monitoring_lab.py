@@ -28,7 +28,7 @@ def _expected_targets():
     plan = inventory.plan(str(ROOT / "inventories/lab"))
     hosts = inventory.load(str(ROOT / "inventories/lab"))
     want = {"http://%s:%d/metrics" % (i["address"], i["api_port"]) for i in plan["instances"]}
-    want.add("http://%s:%d/metrics" % (plan["router"]["address"], plan["router"]["metrics_port"]))
+    want |= {"http://%s:%d/metrics" % (r["address"], r["metrics_port"]) for r in plan["routers"]}
     want |= {"http://%s:9100/metrics" % hosts[h]["vars"].get("ansible_host", h) for h in plan["hosts"]}
     # The front door's HAProxy exporter, and the DCGM exporter (the lab's stand-in) on every serving host.
     want |= {"http://%s:%d/metrics" % (a, plan["frontdoor"]["metrics_port"]) for a in plan["frontdoor"]["addresses"]}

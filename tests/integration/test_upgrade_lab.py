@@ -23,6 +23,9 @@ from test_two_routers_lab import _frontdoor_servers
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
+# Both router hosts' routers in rotation, their standbys out (as the front door on lab-decode-0 sees them).
+ROUTERS_AT_REST = {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT",
+                   "lab-prefill-0": "UP", "lab-prefill-0-standby": "MAINT"}
 HOST = "lab-prefill-1"  # prefill-2 and prefill-3 change; prefill-0/1 on lab-prefill-0 must not restart
 
 
@@ -71,7 +74,7 @@ def test_check_mode_prints_the_steps_and_restarts_nothing(flag_change):
     after = _serving_state()
     assert after["pids"] == before["pids"]
     assert after["files"] == before["files"], "check mode wrote a unit or an environment file"
-    assert after["frontdoor"] == {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT"}
+    assert after["frontdoor"] == ROUTERS_AT_REST
 
 
 def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(flag_change):
@@ -93,7 +96,7 @@ def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(f
     assert len(capacity.samples) >= 10 and capacity.minimum() == 3, (capacity.minimum(), capacity.errors[:2])
 
     # Everything back in its place: the router in rotation, its standby out and gone.
-    assert _frontdoor_servers() == {"lab-decode-0": "UP", "lab-decode-0-standby": "MAINT"}
+    assert _frontdoor_servers() == ROUTERS_AT_REST
     assert on_host("lab-decode-0", "systemctl", "show", "-p", "LoadState", "--value",
                    "pdctl-router-standby.service").strip() == "not-found"
 
