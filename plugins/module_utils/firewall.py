@@ -238,13 +238,16 @@ def rules(plan, inputs):
         ]
         for inst in (i for i in instances if i["host"] == host):
             peers = pool_hosts[other_pool[inst["pool"]]]
+            # The front doors ask a decode instance's /health themselves (haproxy.cfg.j2, be_check_*).
+            callers = router_hosts + [h for h in frontdoor["hosts"] if h not in router_hosts and inst["pool"] == "decode"]
             ruleset.append(_port_rule(
                 # Not the admin networks, not Prometheus from elsewhere: vLLM's key guards only /v1, /v2,
                 # /inference and /cohere; POST /invocations and /scale_elastic_ep generate without one.
                 # Prometheus scrapes /metrics from a router host (checked above).
-                "%s api" % inst["name"], "%s's API (generation endpoints without a key): the router hosts (%s) "
-                "and the instance's own host only" % (inst["name"], ", ".join(router_hosts)),
-                [inst["api_port"]], of(router_hosts) + own))
+                "%s api" % inst["name"], "%s's API (generation endpoints without a key): the %s (%s) "
+                "and the instance's own host only" % (inst["name"], "router and front-door hosts" if callers != router_hosts
+                                                      else "router hosts", ", ".join(callers)),
+                [inst["api_port"]], of(callers) + own))
             ruleset.append(_port_rule(
                 "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the %s hosts (%s)"
                 % (inst["name"], other_pool[inst["pool"]], ", ".join(peers)),

@@ -204,7 +204,8 @@ def test_two_routers_behind_a_separate_front_door(tmp_path):
     assert who(rules, "lab-prefill-1", 8000, EVERYONE) == set()
     # Both routers reach every instance.
     assert who(rules, "lab-prefill-1", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", "10.89.64.12"}
-    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
+    # The decode's too, and the front-door host, whose checks ask the decode's /health (haproxy.cfg.j2).
+    assert who(rules, "lab-decode-0", 8100, EVERYONE) == {"10.89.64.13", "10.89.64.11", "10.89.64.12"}
 
 
 def test_no_client_network_closes_the_front_door(lab_plan):

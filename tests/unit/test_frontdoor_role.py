@@ -70,7 +70,7 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     # host's two: `balance first` sends every request to the first ready one, a retry to the next, so a
     # request its P/D router fails is retried aggregated, not on another P/D router that lost the same
     # decode. Two front doors (a virtual address): every router listens on its host's address.
-    servers = re.findall(r"^\s+server (\S+) (\S+)$", text, re.M)
+    servers = re.findall(r"^\s+server (\S+) (\S+)(?: no-check track \S+)?$", text, re.M)
     here, there = plan["routers"]
     assert here["host"] == plan["frontdoor"]["hosts"][0]
     assert servers == [(r["host"] + suffix, "%s:%d" % (r["address"], port))
@@ -79,6 +79,18 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     # Each router's standby (rolling upgrades) is configured out of rotation: only the upgrade brings it in.
     assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
         (r["host"] + "-standby", "%s:8001" % r["address"]) for r in plan["routers"]]
+    # A P/D router is up while its /readiness says so and the decode answers /health: its server tracks a
+    # check-only backend that asks both (the router's own view of a lost decode host took ~2 min).
+    decode = plan["routers"][0]["decode_urls"][0].split("//")[1]
+    for r in plan["routers"]:
+        assert re.search(r"^\s+server %s %s:8000 no-check track be_check_%s/router$" % (r["host"], r["address"], r["host"]),
+                         text, re.M)
+        check = text.split("backend be_check_%s\n" % r["host"])[1].split("\n\n")[0]
+        assert check.splitlines()[1:] == [
+            "    http-check connect", "    http-check send meth GET uri /readiness", "    http-check expect status 200",
+            "    http-check connect addr %s port %s" % tuple(decode.split(":")), "    http-check send meth GET uri /health",
+            "    http-check expect status 200",
+            "    server router %s:8000 check inter 500ms fastinter 250ms fall 2 rise 2" % r["address"]]
     # The checks ask /readiness (503 once a whole role has no healthy worker), not /liveness (200 with every
     # worker dead).
     assert "default-server check inter 500ms fastinter 250ms fall 2 rise 2" in text
@@ -129,7 +141,7 @@ def test_two_front_door_hosts_behind_a_virtual_address_each_admit_the_limit(tmp_
         text = (out / host / "etc/haproxy/haproxy.cfg").read_text()
         assert "maxconn 16 maxqueue 32" in text
         # Its own routers first (P/D, then aggregated), then its peer's.
-        assert re.findall(r"^\s+server (\S+) (\S+)$", text, re.M) == [
+        assert re.findall(r"^\s+server (\S+) (\S+)(?: no-check track \S+)?$", text, re.M) == [
             (host, own + ":8000"), (host + "-aggregated", own + ":8002"),
             (other, peer + ":8000"), (other + "-aggregated", peer + ":8002")]
         assert re.findall(r"^\s+server (\S+) (\S+) disabled$", text, re.M) == [
