@@ -2,7 +2,9 @@
 
 Its answers are built from real captures (tests/fixtures/haproxy: the full 2.6 `show stat` header and
 rows, `show servers state`) and it keeps HAProxy's model of a server: admin bits (srv_admin_state) set
-by `set server B/S state ready|drain|maint`, and a health status that the test scripts. Like HAProxy
+by `set server B/S state ready|drain|maint`, and a health status that the test scripts; a P/D router's
+check-only backend (be_check_SERVER, its server `router`) keeps the check address that
+`set server be_check_SERVER/router check-addr A port P` sets. Like HAProxy
 in non-interactive mode it reads one command, answers it and closes the connection."""
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ class FakeHAProxy:
         self.backend = backend
         self.level = level
         self.servers = {}
+        self.checks = {}   # P/D router -> [check address, check port] of be_check_<router>/router
         self.commands = []
         # What a server's checks read after it leaves maintenance, one per `show stat` (the last stays).
         self.rejoin = ["DOWN", "DOWN", "UP"]
@@ -89,6 +92,10 @@ class FakeHAProxy:
             words = command.split()
             if command == "show stat":
                 return self._show_stat()
+            if words[:3] == ["show", "servers", "state"] and len(words) > 3 and words[3].startswith("be_check_"):
+                return self._show_check_state(words[3][len("be_check_"):])
+            if words[:2] == ["set", "server"] and len(words) == 7 and words[3:6:2] == ["check-addr", "port"]:
+                return self._set_check_addr(words[2], words[4], words[6])
             if words[:3] == ["show", "servers", "state"]:
                 if len(words) > 3 and words[3] != self.backend:
                     return "Can't find backend.\n\n"
@@ -118,6 +125,25 @@ class FakeHAProxy:
                                           srv_name=name, srv_op_state=2 if running else 0,
                                           srv_admin_state=srv.admin)))
         return "\n".join(lines) + "\n\n"
+
+    def _show_check_state(self, router):
+        if router not in self.checks:
+            return "Can't find backend.\n\n"
+        addr, port = self.checks[router]
+        row = _fields(_STATE_ROW, STATE_COLUMNS, be_name="be_check_" + router, srv_id=1, srv_name="router",
+                      srv_check_addr=addr, srv_check_port=port)
+        return "\n".join(["1", STATE_HEADER, " ".join(row)]) + "\n\n"
+
+    def _set_check_addr(self, target, addr, port):
+        if self.level != "admin":
+            return "Permission denied\n\n"
+        backend, _, name = target.partition("/")
+        if not backend.startswith("be_check_") or backend[len("be_check_"):] not in self.checks:
+            return "No such backend.\n\n"
+        if name != "router":
+            return "No such server.\n\n"
+        self.checks[backend[len("be_check_"):]] = [addr, int(port)]
+        return "\n"
 
     def _set_state(self, target, state):
         if self.level != "admin":
@@ -172,6 +198,7 @@ def front_door(level="admin"):
     fake = FakeHAProxy(os.path.join(directory, "admin.sock"), level=level)
     fake.add("lab-decode-0")
     fake.add("lab-decode-0-standby", admin=FMAINT | CMAINT, health=("DOWN",))
+    fake.checks["lab-decode-0"] = ["10.89.64.13", 8100]   # its check asks the plan's decode
     fake.add("lab-decode-1")
     fake.start()
 

@@ -48,6 +48,14 @@ options:
         in flight (bounded by O(timeout)); a server already in maintenance is left alone (no change).
     type: bool
     default: false
+  check_decode:
+    description:
+      - URL of the decode instance this P/D router sends to (C(http://HOST:PORT)). The server of a P/D router
+        tracks a check-only backend, C(be_check_SERVER), that asks the router's C(/readiness) and the decode's
+        C(/health); this points the latter at the given decode (its check address and port), as a release
+        switch needs while the router pairs with the temporary decode. Left as it is when omitted.
+      - Like the admin state, it lives in the running HAProxy only: a reload returns it to the plan's decode.
+    type: str
   socket:
     description: HAProxy's runtime API socket (admin level).
     type: path
@@ -65,6 +73,13 @@ EXAMPLES = r"""
   pdctl.vllm_pd.frontdoor_server:
     server: lab-decode-0-standby
     state: ready
+    wait: up
+    timeout: 60
+
+- name: The router pairs with the temporary decode; its check follows
+  pdctl.vllm_pd.frontdoor_server:
+    server: lab-decode-0
+    check_decode: http://10.89.64.11:8101
     wait: up
     timeout: 60
 
@@ -91,6 +106,11 @@ sessions:
   returned: always
   type: int
   sample: 0
+check_decode_previous:
+  description: The decode the router's check asked before (with O(check_decode) only).
+  returned: when O(check_decode) is given
+  type: str
+  sample: http://10.89.64.13:8100
 waited_s:
   description: Seconds spent waiting.
   returned: always
@@ -99,6 +119,7 @@ waited_s:
 """
 
 import time
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rolling import (
@@ -124,6 +145,21 @@ def _reached(row, wait):
     if wait == "idle":
         return int(row.get("scur") or 0) == 0
     return True
+
+
+def _check_decode(sock, server, url):
+    """((addr, port) the router's check asks now, (addr, port) wanted) for check_decode."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or not parts.port:
+        raise RollingError("check_decode must be http://HOST:PORT, got %r" % url)
+    backend = "be_check_%s" % server
+    answer = haproxy_ask(sock, "show servers state %s" % backend)
+    rows = [] if answer.startswith("Can't find backend") else parse_servers_state(answer)
+    row = next((r for r in rows if r.get("srv_name") == "router"), None)
+    if row is None:
+        raise RollingError("HAProxy has no check backend %s for %s (only a P/D router's server tracks one)"
+                           % (backend, server))
+    return (row.get("srv_check_addr"), int(row.get("srv_check_port") or 0)), (parts.hostname, parts.port)
 
 
 def _set(sock, backend, server, state):
@@ -155,8 +191,17 @@ def run(params, check_mode):
     changed = params["state"] is not None and params["state"] != previous
     result = {"changed": changed, "previous_state": previous, "status": row["status"],
               "sessions": int(row.get("scur") or 0), "waited_s": 0.0}
+    check_now = check_wanted = None
+    if params["check_decode"]:
+        check_now, check_wanted = _check_decode(sock, server, params["check_decode"])
+        result.update(check_decode_previous="http://%s:%d" % check_now, changed=changed or check_now != check_wanted)
     if check_mode:
         return result
+    if check_now != check_wanted:
+        command = "set server be_check_%s/router check-addr %s port %d" % ((server,) + check_wanted)
+        answer = haproxy_ask(sock, command).strip()
+        if answer:
+            raise RollingError("HAProxy refused `%s`: %s" % (command, answer))
     drained = 0.0
     if changed and params["state"] == "maint" and params["drain_first"]:
         # Out of rotation without cutting a stream: drained first (or still draining from a run that
@@ -180,6 +225,7 @@ def build_module():
             wait=dict(type="str", choices=["none", "up", "idle"], default="none"),
             timeout=dict(type="int", default=300),
             drain_first=dict(type="bool", default=False),
+            check_decode=dict(type="str"),
             socket=dict(type="path", default="/run/haproxy/admin.sock"),
         ),
         supports_check_mode=True,

@@ -73,6 +73,32 @@ def test_drained_router_whose_checks_fail_is_still_drained(haproxy, capsys):
     assert res["status"] == "UP" and router.admin == 0   # UP, not DRAIN: it takes traffic again
 
 
+def test_check_decode_points_the_routers_check_at_another_decode_and_back(haproxy, capsys):
+    """A release switch pairs the router with the temporary decode: its check must ask that one (the plan's
+    decode is switching), and the plan's again afterwards; a second call changes nothing."""
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", check_decode="http://10.89.64.11:8101")
+    assert not failed and res["changed"] and res["check_decode_previous"] == "http://10.89.64.13:8100"
+    assert haproxy.sets == ["set server be_check_lab-decode-0/router check-addr 10.89.64.11 port 8101"]
+    assert haproxy.checks["lab-decode-0"] == ["10.89.64.11", 8101]
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", check_decode="http://10.89.64.11:8101")
+    assert not failed and not res["changed"] and len(haproxy.sets) == 1
+    failed, res, dummy = frontdoor(haproxy, capsys, check_mode=True, server="lab-decode-0",
+                                   check_decode="http://10.89.64.13:8100")
+    assert not failed and res["changed"] and len(haproxy.sets) == 1   # check mode: reported, not set
+    failed, res, dummy = frontdoor(haproxy, capsys, server="lab-decode-0", check_decode="http://10.89.64.13:8100")
+    assert not failed and res["changed"] and haproxy.checks["lab-decode-0"] == ["10.89.64.13", 8100]
+
+
+@pytest.mark.parametrize("server, url, message", [
+    ("lab-decode-0-standby", "http://10.89.64.11:8101", "no check backend be_check_lab-decode-0-standby"),
+    ("lab-decode-0", "10.89.64.11:8101", "check_decode must be http://HOST:PORT"),
+])
+def test_check_decode_refuses_a_server_without_a_check_and_a_bad_url(haproxy, capsys, server, url, message):
+    failed, res, dummy = frontdoor(haproxy, capsys, server=server, check_decode=url)
+    assert failed and message in res["msg"], res
+    assert haproxy.sets == []
+
+
 def test_check_mode_changes_nothing_and_does_not_wait(haproxy, capsys):
     failed, res, dummy = frontdoor(haproxy, capsys, check_mode=True, server="lab-decode-0-standby", state="ready",
                                    wait="up", timeout=30)
