@@ -54,7 +54,7 @@ options:
         tracks a check-only backend, C(be_check_SERVER), that asks the router's C(/readiness) and the decode's
         C(/health); this points the latter at the given decode (its check address and port), as a release
         switch needs while the router pairs with the temporary decode. Left as it is when omitted.
-      - Like the admin state, it lives in the running HAProxy only: a reload returns it to the plan's decode.
+      - Like the admin state, it lives in the running HAProxy only; a reload returns it to the plan's decode.
     type: str
   socket:
     description: HAProxy's runtime API socket (admin level).

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import first_converge
-from collection_build import installed_collection  # noqa: F401  (a fixture)
+from collection_build import collection_tarball, installed_collection  # noqa: F401  (fixtures)
 from first_converge import LAB_ENV, LAB_INVENTORY
 from inventories import ROOT
 from pdctl import runner
