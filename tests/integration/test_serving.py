@@ -170,10 +170,10 @@ def test_secrets_appear_only_in_the_protected_secrets_files(converged_lab, secon
                                 "/var/lib/pdctl", "/mnt/model"], capture_output=True, text=True)
         assert found.returncode == 1 and found.stdout == "", "Hub token on %s in %s" % (host, found.stdout)
         holders = on_host(host, "grep", "-rlF", key, "/etc", "/opt/pdctl", "/var/lib/pdctl").split()
-        # The router and the front door (its upstream key, root's: HAProxy reads it before dropping
-        # privileges) live on the decode host.
+        # The routers and the front doors (its upstream key, root's: HAProxy reads it before dropping
+        # privileges) live on the decode host and the first prefill host (the second front door, issue 39).
         owners = {"/etc/pdctl/serving-secrets.env": "600 pdctl"}
-        if host == "lab-decode-0":
+        if host in ("lab-decode-0", "lab-prefill-0"):
             owners.update({"/etc/pdctl/router-secrets.env": "600 pdctl", "/etc/pdctl/frontdoor-secrets.env": "600 root"})
         assert set(holders) == set(owners), host
         for path in holders:
