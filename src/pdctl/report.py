@@ -165,6 +165,8 @@ def _gate_lines(kind, data):
             yield ("context %6d, concurrency %3d: mean TTFT %8.1f ms, mean TPOT %6.2f ms, %d/%d completed%s"
                    % (run["input_len"], run["concurrency"], run["mean_ttft_ms"], run["mean_tpot_ms"],
                       run["completed"], run["num_prompts"], "" if run.get("passed") else "  <- FAIL"))
+        for run in data.get("unmeasured") or []:
+            yield "context %6d: not measured (the benchmark client failed twice)  <- FAIL" % run["input_len"]
     else:
         for name, b in sorted((data.get("benchmarks") or {}).items()):
             yield ("%-9s %3d/%-3d correct (%.1f%%), floor %d, parse rate %.0f%%%s"

@@ -124,3 +124,47 @@ def test_capacity_search_on_monotone_function(threshold):
 def test_capacity_search_start_above_one():
     cap, probes = sla.search_capacity(lambda c: c <= 37, start=4, maximum=256)
     assert cap == 37 and min(probes) == 4
+
+
+def _fake_bench(outcomes):
+    """run_bench stand-in: per context, a list of results or SlaErrors, consumed in order."""
+    calls = []
+
+    def bench(cfg, base_url, input_len, concurrency, workdir, probe=False):
+        calls.append(input_len)
+        outcome = outcomes[input_len].pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return dict(outcome, input_len=input_len, concurrency=concurrency)
+    return bench, calls
+
+
+GOOD = {"completed": 16, "failed": 0, "mean_ttft_ms": 500.0, "mean_tpot_ms": 10.0, "total_output_tokens": 512,
+        "num_prompts": 16}
+
+
+def test_a_client_that_cannot_start_is_retried_once(tmp_path, monkeypatch):
+    bench, calls = _fake_bench({1024: [GOOD], 65536: [sla.SlaError("context 65536: the benchmark client exited 1"),
+                                                       GOOD]})
+    monkeypatch.setattr(sla, "run_bench", bench)
+    monkeypatch.setattr(sla.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sla, "judge", lambda result, cfg: [])
+    report = sla.run("https://fd:8443", {"contexts": [1024, 65536], "output_len": 32, "concurrency": 4, "client": ["true"]}, tmp_path)
+    assert report["passed"] and calls == [1024, 65536, 65536]
+    assert "exited 1" in report["runs"][1]["retried_after"] and report["unmeasured"] == []
+
+
+def test_a_context_the_client_fails_twice_is_a_failure_and_the_others_are_still_measured(tmp_path, monkeypatch):
+    err = sla.SlaError("context 4096: the benchmark client exited 1 (concurrency 4): GET /v1/models 503")
+    bench, calls = _fake_bench({1024: [GOOD], 4096: [err, err], 65536: [dict(GOOD, mean_tpot_ms=25.0)]})
+    monkeypatch.setattr(sla, "run_bench", bench)
+    monkeypatch.setattr(sla.time, "sleep", lambda s: None)
+    report = sla.run("https://fd:8443", {"contexts": [1024, 4096, 65536], "output_len": 32, "concurrency": 4,
+                                          "max_tpot_ms": 20, "client": ["true"]}, tmp_path)
+    assert not report["passed"] and calls == [1024, 4096, 4096, 65536]
+    assert [r["input_len"] for r in report["runs"]] == [1024, 65536]
+    assert report["unmeasured"][0]["input_len"] == 4096
+    assert any("again after a retry" in f and "context 4096" in f for f in report["failures"])
+    assert any("context 65536" in f and "mean TPOT" in f for f in report["failures"])
+    from pdctl.gates import report as gate_report
+    assert "| 4096 | not measured" in gate_report.sla_markdown(dict(report, wall_s=1.0))

@@ -205,6 +205,8 @@ def _run_sla(args) -> int:
     for r in result["runs"]:
         print("context %7d: mean TTFT %7.0f ms, mean TPOT %6.2f ms, failed %s: %s" % (
             r["input_len"], r["mean_ttft_ms"], r["mean_tpot_ms"], r["failed"], "pass" if r["passed"] else "FAIL"))
+    for u in result.get("unmeasured") or []:
+        print("context %7d: not measured (the client failed twice): FAIL" % u["input_len"])
     if result.get("capacity"):
         print("SLA capacity: %d concurrent requests" % result["capacity"]["max_concurrency"])
     for failure in result["failures"]:

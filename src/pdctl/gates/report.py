@@ -126,6 +126,8 @@ def sla_markdown(report: dict) -> str:
             _fmt(r.get("p99_ttft_ms"), "%.0f"), r["mean_tpot_ms"], r.get("sem_tpot_ms") or 0,
             _fmt(r.get("p99_tpot_ms"), "%.2f"), _fmt(r.get("output_throughput"), "%.0f"),
             "pass" if r["passed"] else "FAIL"))
+    for u in report.get("unmeasured") or []:
+        lines.append("| %d | not measured: the client failed twice | - | - | - | - | - | FAIL |" % u["input_len"])
     cap = report.get("capacity")
     if cap:
         lines += ["", "## SLA capacity", "",

@@ -276,16 +276,24 @@ def search_capacity(passes, start: int = 1, maximum: int = 256) -> tuple[int, di
 
 
 def run(base_url: str, config: dict | None, workdir) -> dict:
-    """Run the SLA gate; returns the report (raises ValueError on bad input, SlaError when the client fails)."""
+    """Run the SLA gate; returns the report (raises ValueError on bad input; a context the client could not
+    measure twice is a failure in the report, and the other contexts are still measured)."""
     cfg = merge_config(config)
     problems = validate(cfg)
     if problems:
         raise ValueError("; ".join(problems))
     workdir = Path(workdir)
     started = time.time()
-    runs, failures = [], []
+    runs, unmeasured, failures = [], [], []
     for ctx in cfg["contexts"]:
-        result = run_bench(cfg, base_url, ctx, int(cfg["concurrency"]), workdir / "bench")
+        try:
+            result = _bench_with_one_retry(cfg, base_url, ctx, workdir / "bench")
+        except SlaError as exc:
+            # This context has no measurement; the others still get theirs, so the report says which
+            # lengths met the SLA and which could not be measured.
+            failures.append(str(exc))
+            unmeasured.append({"input_len": ctx, "concurrency": int(cfg["concurrency"]), "error": str(exc)})
+            continue
         result["problems"] = judge(result, cfg)
         result["passed"] = not result["problems"]
         failures += result["problems"]
@@ -293,6 +301,7 @@ def run(base_url: str, config: dict | None, workdir) -> dict:
     report = {"gate": "sla", "router_url": base_url, "started": started,
               "limits": {"max_ttft_ms": cfg["max_ttft_ms"], "max_tpot_ms": cfg["max_tpot_ms"]},
               "concurrency": cfg["concurrency"], "output_len": cfg["output_len"], "runs": runs,
+              "unmeasured": unmeasured,
               "settings": {k: v for k, v in cfg.items() if k != "env"}}
     cap = cfg["capacity"]
     if cap.get("enabled"):
@@ -301,6 +310,25 @@ def run(base_url: str, config: dict | None, workdir) -> dict:
     report["failures"] = failures
     report["passed"] = not failures
     return report
+
+
+def _bench_with_one_retry(cfg: dict, base_url: str, ctx: int, workdir: Path) -> dict:
+    """One benchmark run; a client that exits before measuring gets one more try.
+
+    The client exits non-zero only when it cannot start (it counts failed requests itself and exits 0):
+    its first request, GET /v1/models when no model is given, or the connection, met a moment the
+    service could not answer. One such moment is no verdict on the deployment; two in a row is reported.
+    """
+    try:
+        return run_bench(cfg, base_url, ctx, int(cfg["concurrency"]), workdir)
+    except SlaError as first:
+        time.sleep(2)
+        try:
+            result = run_bench(cfg, base_url, ctx, int(cfg["concurrency"]), workdir)
+        except SlaError as second:
+            raise SlaError("%s (and again after a retry: %s)" % (second, first)) from None
+        result["retried_after"] = str(first)
+        return result
 
 
 def capacity(cfg: dict, base_url: str, workdir: Path, cap: dict) -> dict:
