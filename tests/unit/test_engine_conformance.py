@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -171,10 +172,12 @@ def test_sigterm_to_an_engine_core_is_a_drain_as_in_vllm(wheel):
     proc = subprocess.Popen([sys.executable, "-c", server.ENGINE_CORE], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     try:
-        caught = 0
+        caught, deadline = 0, time.monotonic() + 10
         while not caught & (1 << (signal.SIGTERM - 1)) and proc.poll() is None:  # its handler is in place
+            assert time.monotonic() < deadline, "the stand-in's engine core catches no SIGTERM (vLLM's drains)"
             status = Path("/proc/%d/status" % proc.pid).read_text()
             caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         assert proc.stdout.readline() == b"shutdown requested %d\n" % signal.SIGTERM
         assert proc.poll() is None
