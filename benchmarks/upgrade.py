@@ -37,7 +37,8 @@ Scenarios:
   release-interrupted
            bad-sla, with the playbook killed four times (KILL_POINTS: during staging, during the switch,
            late in the switch, during the rollback), each time run again; the last run completes the
-           rollback.
+           rollback. `kills` says where each kill landed (the task the killed run was in). --kills picks
+           some of them: `--kills switch` is the short version CI runs (tests/integration/test_upgrade_lab.py).
   driver   host maintenance (playbooks/maintenance.yml): the manifest's driver release (driver, fabric
            manager, nscq) changed to the lab's rehearsal release (pdctl_lab_driver_rehearsal_versions) on
            the three hosts, one at a time (the prefill hosts reboot, the decode host, which also runs the
@@ -49,6 +50,16 @@ Scenarios:
            checks and stays out of service, the run stops there naming it, lab-decode-0 is not touched;
            then back to the manifest's release everywhere.
 
+--load-fraction F: F x the front door's in-flight limit streaming clients instead of --clients (0.8: 80% of
+admission; clients hold a request in flight all the time). by_capacity groups every request by the prefill
+capacity the front door's routers had when it started (4, 3, ... of 4 healthy): requests, failed, status_503,
+mean and p90 TTFT of the ok ones, so the cost of each phase of a switch shows.
+
+--ready-after S: every engine takes S seconds to load after each start (production-like: a GLM-5.2 instance
+loads ~460 GB and captures CUDA graphs for minutes; the stand-in's faults.slow_start_s, pdctl.lab.slow_start).
+The instances are put on that profile before the scenario (no load yet) and back on the lab's after it;
+ready_after_s and setup_s (that first restart) are in the line, and the timing model's engine_ready_s includes S.
+
 estimate_s is the rollout plan's estimate of the scenario's upgrade run (plugins/module_utils/rollout_plan.py with
 the lab's timing model, inventories/lab/group_vars/all/rollout.yml; flag, release and driver), estimate_error
 its relative error against upgrade_s.
@@ -58,6 +69,7 @@ The lab must be up and converged (`scripts/lab`). Prints progress on stderr, the
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import os
@@ -75,7 +87,7 @@ import httpx
 import yaml
 
 from pdctl import collection, inventory
-from pdctl.lab import stage
+from pdctl.lab import slow_start, stage
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan
@@ -97,14 +109,17 @@ SLOW_PREFILL_PROFILE = "/etc/pdctl/engine/profile-slow-prefill.yml"
 # The host whose GPUs come back from the new driver with a link down (driver-link-down).
 LINK_DOWN_HOST = "lab-prefill-1"
 LAB_HOSTS = ["lab-prefill-0", "lab-prefill-1", "lab-decode-0"]
-# release-interrupted: where the three kills land (a line of the playbook's output, then seconds).
-KILL_POINTS = [
+# release-interrupted: where the kills land (a line of the playbook's output, then seconds), by name; --kills
+# picks some (CI's short run: `switch` only).
+KILL_POINTS = {
     # (a task every run prints: with display_skipped_hosts false a skipped task prints no line)
-    ("during staging", ([r"^TASK \[.*Read the lock the release venv was installed from"], 1)),
-    ("during the switch", ([r"^TASK \[The router pairs only the new release"], 3)),
-    ("late in the switch", ([r"^TASK \[.*The temporary decode is stopped"], 0.5)),
-    ("during the rollback", ([r"^TASK \[Release switch record: rolling-back\]", r"^TASK \[The router pairs only"], 3)),
-]
+    "staging": ("during staging", ([r"^TASK \[.*Read the lock the release venv was installed from"], 1)),
+    "switch": ("during the switch", ([r"^TASK \[The router pairs only the new release"], 3)),
+    "late": ("late in the switch", ([r"^TASK \[.*The temporary decode is stopped"], 0.5)),
+    "rollback": ("during the rollback", ([r"^TASK \[Release switch record: rolling-back\]", r"^TASK \[The router pairs only"], 3)),
+}
+# The inventory every run uses: the lab's, or with --ready-after its slow-start copy (main sets it).
+SERVING_INVENTORY = INVENTORY
 RELEASES = yaml.safe_load((INVENTORY / "group_vars/all/host_requirements.yml").read_text())["pdctl_lab_engine_releases"]
 
 # The instances' API ports admit the router hosts only (vLLM's POST /invocations generates without a key):
@@ -168,12 +183,12 @@ def client_key():
 
 
 def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=(), playbook="playbooks/upgrade.yml",
-                inventory_dir=INVENTORY):
+                inventory_dir=None):
     """ansible-playbook playbooks/upgrade.yml on the lab; a Run (rc, seconds, hosts with changes, tail,
     rollback_s). Killed like an operator's kill -9 (SIGKILL to the playbook's whole process group):
     kill_after seconds in, or kill_at = ([regex, ...], seconds): that many seconds after lines matching
     each regex in turn have been printed."""
-    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), playbook, "-i", str(inventory_dir)]
+    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), playbook, "-i", str(inventory_dir or SERVING_INVENTORY)]
     if extra_vars:
         cmd += ["-e", "@" + str(extra_vars)]
     cmd += list(playbook_args)
@@ -210,11 +225,12 @@ def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=
     log("%s: exit %d in %.1f s, changed %s; output in %s" % (label, proc.returncode, took, changed, log_file))
     tail = [ln for ln in lines if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
     rollback_s = round(marks["end"] - marks["rollback"], 1) if "rollback" in marks else None
-    return Run(proc.returncode, took, changed, tail, rollback_s, stdout)
+    return Run(proc.returncode, took, changed, tail, rollback_s, stdout, killed[0] if killed else None)
 
 
-# What run_upgrade saw; rollback_s runs from the moment the rollback is recorded to the end of the playbook.
-Run = collections.namedtuple("Run", "rc took changed tail rollback_s stdout")
+# What run_upgrade saw; rollback_s runs from the moment the rollback is recorded to the end of the playbook;
+# killed_in is the last task the run printed before it was killed (None: not killed).
+Run = collections.namedtuple("Run", "rc took changed tail rollback_s stdout killed_in")
 
 
 def _read_lines(stream, lines, marks):
@@ -243,9 +259,13 @@ def instance_releases():
 
 
 def estimate(scenario):
-    """The timing model's estimate (inventories/lab rollout.yml, rollout_plan) of the scenario's upgrade run, from
-    the lab's plan; None for the scenarios it does not model (killed runs, rollbacks)."""
-    timing = yaml.safe_load((INVENTORY / "group_vars/all/rollout.yml").read_text())["pdctl_rollout_timing"]
+    """The timing model's estimate (the serving inventory's pdctl_rollout_timing, rollout_plan) of the scenario's
+    upgrade run, from the lab's plan; None for the scenarios it does not model (killed runs, rollbacks)."""
+    timing = {}
+    for name in ("rollout.yml", "zz-slow-start.yml"):  # (the second: --ready-after's copy)
+        path = SERVING_INVENTORY / "group_vars" / "all" / name
+        if path.exists():
+            timing.update((yaml.safe_load(path.read_text()) or {}).get("pdctl_rollout_timing") or {})
     plan = inventory.plan(INVENTORY)
     if scenario == "flag":
         steps = rollout_plan.prefill_steps(plan, timing, gated=True)
@@ -270,15 +290,44 @@ def flag_vars(tmp):
 
 
 def main():
+    global SERVING_INVENTORY
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", choices=SCENARIOS, default="flag")
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--load-fraction", type=float, default=0, metavar="F",
+                    help="F x the front door's in-flight limit clients (e.g. 0.8), instead of --clients")
+    ap.add_argument("--kills", default=",".join(KILL_POINTS),
+                    help="release-interrupted: where the playbook is killed, of %s" % ", ".join(KILL_POINTS))
+    ap.add_argument("--ready-after", type=float, default=0, metavar="S",
+                    help="every engine loads for S seconds after each start (production-like: minutes)")
     args = ap.parse_args()
+    kills = [k for k in args.kills.split(",") if k]
+    if any(k not in KILL_POINTS for k in kills):
+        ap.error("--kills: %s is not one of %s" % (args.kills, ", ".join(KILL_POINTS)))
+    if args.ready_after and args.scenario == "flag-bad-sla":
+        ap.error("--ready-after: flag-bad-sla changes the engine profile itself; pick another scenario")
+    if args.load_fraction:
+        args.clients = max(1, round(args.load_fraction * admission_limit()))
     tmp = tempfile.mkdtemp(prefix="pdctl-upgrade-bench-")
-    result = {"scenario": args.scenario, "requests": 0, "failed_requests": 0, "cross_release_pairs": 0,
+    result = {"scenario": args.scenario, "clients": args.clients, "requests": 0, "failed_requests": 0, "cross_release_pairs": 0,
               "min_prefill_capacity": None, "prefill_total": 4, "upgrade_s": None, "rollback_s": None,
               "verdict": None}
     driver = args.scenario in DRIVER_SCENARIOS
+    if args.ready_after:
+        t0 = time.monotonic()
+        SERVING_INVENTORY = slow_start.apply(Path(tmp) / "inventory-slow-start", args.ready_after, log)
+        result.update(ready_after_s=args.ready_after, setup_s=round(time.monotonic() - t0, 1))
+    try:
+        return measure(args, kills, tmp, result, driver)
+    finally:
+        if args.ready_after:
+            t0 = time.monotonic()
+            slow_start.restore(LAB_HOSTS, log)
+            log("teardown: %.0f s" % (time.monotonic() - t0))
+
+
+def measure(args, kills, tmp, result, driver):
+    """The scenario under load; prints the JSON line, returns the exit code."""
     pre = run_upgrade(None, "precondition: the lab runs what the inventory says (no load yet)",
                       playbook=MAINTENANCE if driver else "playbooks/upgrade.yml")
     if pre.rc:
@@ -300,7 +349,7 @@ def main():
         elif driver:
             problems += driver_scenario(args.scenario, tmp, result)
         else:
-            problems += release_scenario(args.scenario, tmp, result, before)
+            problems += release_scenario(args.scenario, tmp, result, before, kills)
         time.sleep(3)
     sampler.stop()
     watcher.stop()
@@ -310,6 +359,7 @@ def main():
                   failed_by_kind=summary["failed_by_kind"],
                   cross_release_pairs=decode_pairs.pairs,
                   min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples),
+                  by_capacity=by_capacity(load.outcomes, sampler.samples),
                   temporary_decode_cross_release_pairs=watcher.pairs)
     if summary["failed_requests"]:
         problems.append("%d failed requests: %s" % (summary["failed_requests"], summary["errors"]))
@@ -331,6 +381,35 @@ def main():
     result["verdict"] = "pass" if not problems else "fail: " + "; ".join(problems)
     print(json.dumps(result))
     return 0 if not problems else 1
+
+
+def admission_limit():
+    """The in-flight limit of the front door the clients reach: pdctl_frontdoor_max_inflight (with a virtual address
+    one front door takes every client and admits all of it)."""
+    plan = inventory.plan(SERVING_INVENTORY)
+    limit = next(iter(inventory.load(SERVING_INVENTORY, names=("pdctl_frontdoor_max_inflight",)).values()))
+    limit = int(limit["vars"]["pdctl_frontdoor_max_inflight"])
+    hosts = 1 if plan["frontdoor"].get("vip") else len(plan["frontdoor"]["hosts"])
+    return limit // hosts
+
+
+def by_capacity(outcomes, samples):
+    """{healthy prefill instances: {requests, failed, status_503, mean_ttft_ms, p90_ttft_ms}}, each request under
+    the capacity sampled last before it started (wall clock)."""
+    times = [t for t, _ in samples]
+    groups = collections.defaultdict(list)
+    for o in outcomes:
+        i = bisect.bisect_right(times, o.wall_start) - 1
+        groups[len(samples[i][1].get("healthy", [])) if i >= 0 else None].append(o)
+    out = {}
+    for capacity, group in sorted(groups.items(), key=lambda kv: -1 if kv[0] is None else kv[0], reverse=True):
+        ttfts = sorted(o.ttft * 1000 for o in group if o.ok and o.ttft is not None)
+        out[str(capacity)] = {
+            "requests": len(group), "failed": sum(not o.ok for o in group),
+            "status_503": sum(o.status == 503 for o in group),
+            "mean_ttft_ms": round(sum(ttfts) / len(ttfts), 1) if ttfts else None,
+            "p90_ttft_ms": round(ttfts[int(0.9 * (len(ttfts) - 1))], 1) if ttfts else None}
+    return out
 
 
 def end_state_problems(sampler):
@@ -440,7 +519,7 @@ def flag_bad_sla_scenario(tmp, result):
     return problems
 
 
-def release_scenario(scenario, tmp, result, before):
+def release_scenario(scenario, tmp, result, before, kills=()):
     """release: A -> B, a second run, back to A. bad-sla / bad-accuracy: A -> the bad release, which the
     gates reject: the playbook rolls back to A by itself and exits non-zero naming the gate; a second
     run with the same target is refused (it was rolled back) and changes nothing. release-interrupted:
@@ -457,9 +536,12 @@ def release_scenario(scenario, tmp, result, before):
     again_path.write_text(yaml.safe_dump(target))
     took_killed = 0.0
     if scenario == "release-interrupted":
-        for label, kill_at in KILL_POINTS:
+        result["kills"] = []
+        for point in kills:
+            label, kill_at = KILL_POINTS[point]
             run = run_upgrade(path, "upgrade killed %s" % label, kill_at=kill_at)
             took_killed += run.took
+            result["kills"].append({"point": point, "killed_in": run.killed_in})
             if run.rc != -signal.SIGKILL:
                 problems.append("the run meant to be killed %s ended by itself (exit %d)" % (label, run.rc))
     up = run_upgrade(path, "upgrade (release %s)" % release)

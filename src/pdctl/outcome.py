@@ -53,6 +53,7 @@ class StreamReader:
     def __init__(self):
         self.done, self.finish_reason, self.error = False, None, ""
         self.tokens: int | None = None
+        self.content = False  # a chunk with generated text (or reasoning) has come: the first token
 
     def feed(self, line: str) -> None:
         if not line.startswith("data: "):
@@ -74,6 +75,9 @@ class StreamReader:
         for choice in event.get("choices") or []:
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or choice.get("text"):
+                self.content = True
 
     def kind(self, status: int | None, max_tokens: int | None) -> str | None:
         return failure_kind(status, self.done, self.finish_reason, self.tokens, max_tokens, bool(self.error))

@@ -144,6 +144,9 @@ def test_stream_load_judges_each_request_by_the_rule(scripted, script, kind):
         expected[kind] = summary["requests"]
     assert summary["failed_by_kind"] == expected
     assert summary["failed_requests"] == (summary["requests"] if kind else 0)
+    # A stream's TTFT is its first chunk with text; a refused request has none.
+    assert all((o.ttft is None) == (script == "unavailable") for o in load.outcomes)
+    assert all(0 <= o.ttft <= o.end - o.start for o in load.outcomes if o.ttft is not None)
     # the keys callers read before the rule existed are all still there
     assert {"requests", "failed_requests", "failure_window_s", "errors"} <= set(summary)
 
@@ -177,3 +180,14 @@ def test_the_accuracy_gate_counts_an_aborted_answer_as_an_error(scripted, script
     assert record["status"] == ("ok" if kind is None else "error")
     assert record.get("failure_kind") == kind
     assert record["correct"] == (kind is None)  # the same text, graded only when the request was ok
+
+
+def test_the_stream_reader_sees_the_first_generated_text_not_the_role_chunk():
+    reader = outcome.StreamReader()
+    reader.feed('data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}')
+    assert not reader.content  # vLLM's first chunk names the role and carries no token
+    reader.feed('data: {"choices": [{"index": 0, "delta": {"reasoning_content": "Let"}}]}')
+    assert reader.content
+    plain = outcome.StreamReader()
+    plain.feed('data: {"choices": [{"index": 0, "text": " GPUs", "finish_reason": null}]}')  # /v1/completions
+    assert plain.content

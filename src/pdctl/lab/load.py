@@ -29,6 +29,7 @@ class Outcome:
     tokens: int | None = None  # completion tokens (the stream's usage chunk)
     max_tokens: int | None = None
     kind: str | None = "unjudged"  # None when ok, else one of pdctl.outcome.KINDS; judged when not given
+    ttft: float | None = None  # seconds from the start to the first chunk with generated text
 
     def __post_init__(self):
         if self.kind == "unjudged":
@@ -82,6 +83,7 @@ class StreamLoad:
         with httpx.Client(timeout=self.timeout, verify=self.verify) as client:
             while not self._stop.is_set():
                 t0, wall0, status, error, reader = time.monotonic(), time.time(), None, "", rule.StreamReader()
+                ttft = None
                 try:
                     with client.stream("POST", self.url + "/v1/chat/completions", json=body, headers=headers) as resp:
                         status = resp.status_code
@@ -90,6 +92,8 @@ class StreamLoad:
                         else:
                             for line in resp.iter_lines():
                                 reader.feed(line)
+                                if ttft is None and reader.content:
+                                    ttft = time.monotonic() - t0
                 except httpx.HTTPError as exc:
                     error = repr(exc)[:200]
                 error = error or reader.error
@@ -99,7 +103,7 @@ class StreamLoad:
                         kind, reader.finish_reason, reader.tokens, self.max_tokens, "" if reader.done else ", no [DONE]")
                 with self._lock:
                     self.outcomes.append(Outcome(t0, time.monotonic(), status, reader.done, error, wall0,
-                                                 reader.finish_reason, reader.tokens, self.max_tokens, kind))
+                                                 reader.finish_reason, reader.tokens, self.max_tokens, kind, ttft))
 
     # -- figures ------------------------------------------------------------------------------
     def failed(self) -> list:
