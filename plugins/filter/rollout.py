@@ -1,8 +1,10 @@
 """Jinja filter over the rollout plan (plugins/module_utils/rollout_plan.py): the steps of an upgrade or a
 maintenance, the capacity at each, and the estimate from the inventory's timing model.
 
-    preflight_plan | pdctl.vllm_pd.rollout_plan('prefill', pdctl_rollout_timing, pending=[...], gated=true)
-    -> {"steps": [...], "summary": {...}, "lines": ["title", "  1. [prefill 4/4, decode GPUs 8/8] ...", ...]}
+    preflight_plan | pdctl.vllm_pd.rollout_plan('prefill', pdctl_rollout_timing, pending=[...], gated=true,
+                                                admission=preflight_plan.frontdoor | pdctl.vllm_pd.admission_share(...))
+    -> {"steps": [...], "summary": {...},
+        "lines": ["title", "  1. [prefill 4/4, decode GPUs 8/8, admits 64 + queue 128] ...", ...]}
 """
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ TITLES = {"prefill": "Rollout plan: a change of prefill instances, one at a time
           "maintenance": "Maintenance plan: one host at a time"}
 
 
-def rollout_plan(plan, kind, timing, pending=None, hosts=None, reload_hosts=(), gated=None):
+def rollout_plan(plan, kind, timing, pending=None, hosts=None, reload_hosts=(), gated=None, admission=None):
     """pending: the prefill instances that change (prefill); hosts, reload_hosts: the hosts whose turn comes and
-    those that reload the module (maintenance); gated: whether the gates end it (default: as the playbook does)."""
+    those that reload the module (maintenance); gated: whether the gates end it (default: as the playbook does);
+    admission: one front door's full limits (admission_share), to print what it admits at each step."""
     kwargs = {"prefill": {"pending": pending, "gated": True if gated is None else bool(gated)},
               "release": {"gated": True if gated is None else bool(gated)},
               "maintenance": {"hosts": hosts, "reload_hosts": list(reload_hosts or ())}}.get(kind, {})
+    if admission is not None:
+        kwargs = dict(kwargs, admission=admission)
     try:
         steps = rp.steps(kind, plan, timing, **kwargs)
     except rp.PlanError as exc:

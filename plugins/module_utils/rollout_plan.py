@@ -11,9 +11,12 @@ waits on, in the order the playbook waits on them.
 
 Capacity is what new requests can reach while the step runs: prefill instances in service, and GPUs
 of the decode instances in service (the temporary decode's during a release switch or the decode host's
-maintenance).
+maintenance). Given the front door's full limits (admission=, admission.share()), each step also says what
+the front door admits while it runs (admission.limits(): admission follows capacity).
 """
 from __future__ import annotations
+
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission as adm
 
 KINDS = ("prefill", "release", "maintenance")
 
@@ -71,10 +74,12 @@ def _gpus(instances):
 
 
 class _Steps:
-    """Collects steps; `t` is the timing model, `drains` counts the drain waits of the current step."""
+    """Collects steps; `t` is the timing model, `drains` counts the drain waits of the current step;
+    `admission` the front door's full limits ({'inflight', 'queue'}) or None."""
 
-    def __init__(self, plan, timing):
+    def __init__(self, plan, timing, admission=None):
         self.t = check_timing(timing)
+        self.admission = admission
         self.prefill = sorted((i for i in plan["instances"] if i["pool"] == "prefill"), key=lambda i: i["name"])
         self.decode = [i for i in plan["instances"] if i["pool"] == "decode"]
         self.steps = []
@@ -83,16 +88,23 @@ class _Steps:
         """parts: timing keys waited on in turn (a key may repeat); 'drain_s' also counts at its bound."""
         seconds = sum(self.t[p] for p in parts)
         bound = seconds + parts.count("drain_s") * (self.t["drain_bound_s"] - self.t["drain_s"])
-        self.steps.append({"step": len(self.steps) + 1, "what": what, "prefill_in_service": prefill,
-                           "prefill_total": len(self.prefill), "decode_gpus_in_service": decode_gpus,
-                           "decode_gpus_total": _gpus(self.decode), "seconds": round(seconds, 1),
-                           "bound_s": round(bound, 1), "drains": parts.count("drain_s")})
+        step = {"step": len(self.steps) + 1, "what": what, "prefill_in_service": prefill,
+                "prefill_total": len(self.prefill), "decode_gpus_in_service": decode_gpus,
+                "decode_gpus_total": _gpus(self.decode), "seconds": round(seconds, 1),
+                "bound_s": round(bound, 1), "drains": parts.count("drain_s")}
+        if self.admission is not None:
+            try:
+                admits = adm.limits(self.admission, step)
+            except adm.AdmissionError as exc:
+                raise PlanError(str(exc))
+            step.update(admission_inflight=admits["inflight"], admission_queue=admits["queue"])
+        self.steps.append(step)
 
 
-def prefill_steps(plan, timing, pending=None, gated=False):
+def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
     """A change of prefill instances (flags, environment) rolled one at a time behind the standby routers
     (playbooks/tasks/upgrade_instance.yml). pending: the instance names that change (default: all)."""
-    s = _Steps(plan, timing)
+    s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
     todo = [i for i in s.prefill if pending is None or i["name"] in pending]
     unknown = sorted(set(pending or ()) - {i["name"] for i in s.prefill})
@@ -126,9 +138,9 @@ def staging(plan):
     raise PlanError("a new engine release needs a prefill host with two prefill instances")
 
 
-def release_steps(plan, timing, gated=True):
+def release_steps(plan, timing, gated=True, admission=None):
     """A new engine release: the two-pool switch (playbooks/tasks/upgrade_release.yml), then the gates."""
-    s = _Steps(plan, timing)
+    s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
     host, (first, lender) = staging(plan)[0], staging(plan)[1][:2]
     staged = [i for i in s.prefill if i["host"] == host]
@@ -163,11 +175,11 @@ def release_steps(plan, timing, gated=True):
     return s.steps
 
 
-def maintenance_steps(plan, timing, hosts=None, reload_hosts=()):
+def maintenance_steps(plan, timing, hosts=None, reload_hosts=(), admission=None):
     """Host maintenance (playbooks/maintenance.yml): one host at a time, prefill hosts first, the decode
     host last. hosts: the hosts whose turn comes (default: every serving host); reload_hosts: those that
     reload the driver module instead of rebooting (they run the router or the front door)."""
-    s = _Steps(plan, timing)
+    s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
     serving = sorted({i["host"] for i in plan["instances"]})
     turns = [h for h in serving if hosts is None or h in hosts]
@@ -218,12 +230,16 @@ def steps(kind, plan, timing, **kwargs):
 
 
 def summary(step_list):
-    """{'seconds', 'bound_s', 'min_prefill_in_service', 'min_decode_gpus_in_service', 'steps'}."""
-    return {"seconds": round(sum(x["seconds"] for x in step_list), 1),
-            "bound_s": round(sum(x["bound_s"] for x in step_list), 1),
-            "min_prefill_in_service": min((x["prefill_in_service"] for x in step_list), default=None),
-            "min_decode_gpus_in_service": min((x["decode_gpus_in_service"] for x in step_list), default=None),
-            "steps": len(step_list)}
+    """{'seconds', 'bound_s', 'min_prefill_in_service', 'min_decode_gpus_in_service', 'steps'}, and
+    'min_admission_inflight' when the steps carry admission limits."""
+    out = {"seconds": round(sum(x["seconds"] for x in step_list), 1),
+           "bound_s": round(sum(x["bound_s"] for x in step_list), 1),
+           "min_prefill_in_service": min((x["prefill_in_service"] for x in step_list), default=None),
+           "min_decode_gpus_in_service": min((x["decode_gpus_in_service"] for x in step_list), default=None),
+           "steps": len(step_list)}
+    if any("admission_inflight" in x for x in step_list):
+        out["min_admission_inflight"] = min(x["admission_inflight"] for x in step_list if "admission_inflight" in x)
+    return out
 
 
 def _duration(seconds):
@@ -241,12 +257,17 @@ def render(step_list, title):
     at = 0.0
     for x in step_list:
         at += x["seconds"]
-        lines.append("%3d. [prefill %d/%d, decode GPUs %d/%d] %s  (+%s, at %s)" % (
+        admits = ""
+        if "admission_inflight" in x:
+            admits = ", admits %d + queue %d" % (x["admission_inflight"], x["admission_queue"])
+        lines.append("%3d. [prefill %d/%d, decode GPUs %d/%d%s] %s  (+%s, at %s)" % (
             x["step"], x["prefill_in_service"], x["prefill_total"], x["decode_gpus_in_service"],
-            x["decode_gpus_total"], x["what"], _duration(x["seconds"]), _duration(at)))
+            x["decode_gpus_total"], admits, x["what"], _duration(x["seconds"]), _duration(at)))
     total = summary(step_list)
     lines.append("Estimated duration: %s (%s if every one of the %d drains waits its bound); capacity at least "
-                 "%s prefill instance(s) and %s decode GPUs"
+                 "%s prefill instance(s) and %s decode GPUs%s"
                  % (_duration(total["seconds"]), _duration(total["bound_s"]), sum(x["drains"] for x in step_list),
-                    total["min_prefill_in_service"], total["min_decode_gpus_in_service"]))
+                    total["min_prefill_in_service"], total["min_decode_gpus_in_service"],
+                    "; the front door admits at least %d in flight" % total["min_admission_inflight"]
+                    if "min_admission_inflight" in total else ""))
     return lines

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ansible_collections.pdctl.vllm_pd.plugins.filter import rollout as rollout_filter
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission, topology
 
 from pdctl import collection, inventory, runner
 
@@ -32,6 +32,8 @@ GATES_VERDICT = "pdctl_gates_verdict"
 UPGRADE_VERDICT_TASK = "Upgrade done, or rolled back"
 # upgrade_pass.yml's and maintenance.yml's plan of the run (rollout_plan's lines), printed by pdctl.
 ROLLOUT_PLAN_TASK = "Rollout plan"
+# What --plan reads from the inventory: the timing model and the front door's limits (admission.share).
+PLAN_PRINT_VARS = ("pdctl_rollout_timing", "pdctl_frontdoor_max_inflight", "frontdoor_max_queue")
 
 
 def add_parser(sub):
@@ -221,10 +223,19 @@ def _cmd_run(args) -> int:
 
 def _print_plan(args) -> int:
     """--plan KIND: the rollout's steps for the inventory's plan, as if every instance (or host) had the change,
-    estimated with its timing model (pdctl_rollout_timing); nothing runs."""
-    timing = next(iter(inventory.load(args.inventory, names=("pdctl_rollout_timing",)).values()))["vars"]
+    estimated with its timing model (pdctl_rollout_timing), with what the front door admits at each; nothing
+    runs."""
     plan = inventory.plan(args.inventory)
+    found_vars = inventory.load(args.inventory, names=PLAN_PRINT_VARS)
+    # The front door's limits as its hosts see them (frontdoor_max_queue may be set for them alone).
+    timing = found_vars.get(plan["frontdoor"]["hosts"][0], next(iter(found_vars.values())))["vars"]
     kwargs = {}
+    try:
+        kwargs["admission"] = admission.share(plan["frontdoor"], timing["pdctl_frontdoor_max_inflight"],
+                                              timing.get("frontdoor_max_queue"))
+    except (KeyError, admission.AdmissionError) as exc:
+        print("pdctl: the front door's limits: %s" % exc, file=sys.stderr)
+        return EXIT_INVALID
     if args.plan == "maintenance":
         # Router and front-door hosts reload the driver module instead of rebooting (maintenance_host.yml).
         kwargs["reload_hosts"] = [r["host"] for r in plan["routers"]] + list(plan["frontdoor"]["hosts"])

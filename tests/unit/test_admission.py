@@ -1,0 +1,136 @@
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Admission follows capacity (issue 41): the rule (module_utils/admission.py) and the limits each rollout step
+prints."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from inventories import ROOT
+from pdctl import cli, inventory
+
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission as adm
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan as rp
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.admission import AdmissionError
+
+B300 = inventory.plan(ROOT / "inventories" / "b300")
+FULL = {"inflight": 64, "queue": 128}
+
+
+def cap(prefill, decode_gpus, prefill_total=4, decode_gpus_total=8):
+    return {"prefill_in_service": prefill, "prefill_total": prefill_total, "decode_gpus_in_service": decode_gpus,
+            "decode_gpus_total": decode_gpus_total}
+
+
+# ---------------------------------------------------------------- the rule
+
+
+@pytest.mark.parametrize("frontdoor, inflight, queue, expected", [
+    ({"hosts": ["a", "b"], "vip": {"address": "10.0.0.1"}}, 64, None, {"inflight": 64, "queue": 128, "hosts": 1}),
+    ({"hosts": ["a", "b"], "vip": None}, 64, None, {"inflight": 32, "queue": 64, "hosts": 2}),
+    ({"hosts": ["a", "b", "c"], "vip": None}, 64, 100, {"inflight": 21, "queue": 33, "hosts": 3}),
+    ({"hosts": ["a", "b"]}, 1, 0, {"inflight": 1, "queue": 0, "hosts": 2}),   # at least one in flight
+    ({"hosts": ["a"]}, "16", "32", {"inflight": 16, "queue": 32, "hosts": 1}),  # templated values arrive as text
+])
+def test_each_front_door_admits_its_share(frontdoor, inflight, queue, expected):
+    assert adm.share(frontdoor, inflight, queue) == expected
+
+
+def test_the_default_queue_is_the_roles():
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    default = yaml.safe_load((ROOT / "roles/frontdoor/defaults/main.yml").read_text())["frontdoor_max_queue"]
+    templar = Templar(loader=DataLoader(), variables={"frontdoor_max_inflight": 7})
+    assert int(templar.template(trust_as_template(default))) == 7 * adm.DEFAULT_QUEUE_PER_INFLIGHT
+
+
+@pytest.mark.parametrize("frontdoor, inflight, message", [
+    ({"hosts": []}, 64, "no front-door host"),
+    ({"hosts": ["a"]}, -1, "the in-flight limit must be a whole number of 0 or more, not -1"),
+    ({"hosts": ["a"]}, 2.5, "not 2.5"),
+])
+def test_share_refuses(frontdoor, inflight, message):
+    with pytest.raises(AdmissionError, match=message.replace("(", r"\(")):
+        adm.share(frontdoor, inflight)
+
+
+def test_capacity_counts_prefill_instances_and_decode_gpus():
+    assert adm.capacity(B300) == cap(4, 8)
+    assert adm.capacity(B300, without=["http://192.0.2.11:8100"]) == cap(3, 8)
+    assert adm.capacity(B300, without=["prefill-0", "prefill-1"]) == cap(2, 8)   # names, as a quarantine lists them
+    assert adm.capacity(B300, without=["decode-0"]) == cap(4, 0)
+    # A temporary decode runs on a prefill instance's GPUs (4 of 8): that instance is no prefill then.
+    assert adm.capacity(B300, prefill=["prefill-0"], decode=["prefill-1"]) == cap(1, 4)
+    assert adm.capacity(B300, decode=["http://192.0.2.12:8101"]) == cap(3, 4)
+    with pytest.raises(AdmissionError, match="instances left out not in the plan: http://192.0.2.99:8100"):
+        adm.capacity(B300, without=["http://192.0.2.99:8100"])
+    with pytest.raises(AdmissionError, match="decode instances must be a list of instance names or URLs"):
+        adm.capacity(B300, decode="http://192.0.2.12:8101")
+
+
+@pytest.mark.parametrize("capacity, expected", [
+    (cap(4, 8), (64, 128, 1.0)),
+    (cap(3, 8), (48, 96, 0.75)),
+    (cap(2, 8), (32, 64, 0.5)),
+    (cap(1, 4), (16, 32, 0.25)),       # a release switch's pair phase
+    (cap(3, 4), (32, 64, 0.5)),        # the decode host's maintenance: the temporary decode is the scarcer
+    (cap(4, 0), (1, 0, 0.0)),          # no decode: one request, no queue (degraded mode has its own)
+    (cap(1, 8, prefill_total=3), (21, 42, 0.3333)),   # rounded down
+])
+def test_limits_follow_the_scarcer_of_prefill_and_decode(capacity, expected):
+    got = adm.limits(FULL, capacity)
+    assert (got["inflight"], got["queue"], got["fraction"]) == expected
+
+
+def test_degraded_admits_the_prefill_share_times_the_factor():
+    assert adm.limits(FULL, cap(4, 0), degraded=0.5) == {"inflight": 32, "queue": 64, "fraction": 0.5}
+    assert adm.limits(FULL, cap(2, 0), degraded="0.5") == {"inflight": 16, "queue": 32, "fraction": 0.25}
+    assert adm.limits({"inflight": 3, "queue": 1}, cap(1, 0), degraded=0.1)["inflight"] == 1
+
+
+@pytest.mark.parametrize("capacity, degraded, message", [
+    (cap(5, 8), None, r"prefill in service \(5\) is more than planned \(4\)"),
+    (cap(0, 0, decode_gpus_total=0), None, "the plan has no decode gpus"),
+    (cap(4, 8), 0, "the degraded admission factor must be above 0 and at most 1, not 0"),
+    (cap(4, 8), 1.5, "not 1.5"),
+    ({"prefill_in_service": 1}, None, "prefill_total must be a whole number"),
+])
+def test_limits_refuse(capacity, degraded, message):
+    with pytest.raises(AdmissionError, match=message):
+        adm.limits(FULL, capacity, degraded)
+
+
+# ---------------------------------------------------------------- the plan, step by step
+
+
+def _admits(steps):
+    return [(s["admission_inflight"], s["admission_queue"]) for s in steps]
+
+
+def test_each_b300_rollout_step_says_what_the_front_door_admits():
+    timing = next(iter(inventory.load(ROOT / "inventories/b300", names=("pdctl_rollout_timing",)).values()))
+    timing = timing["vars"]["pdctl_rollout_timing"]
+    release = rp.release_steps(B300, timing, admission=FULL)
+    assert _admits(release) == [(64, 128), (32, 64), (32, 64), (16, 32), (16, 32), (16, 32), (48, 96), (48, 96),
+                                (64, 128), (64, 128)]
+    assert _admits(rp.prefill_steps(B300, timing, admission=FULL)) == [(64, 128)] + [(48, 96), (48, 96), (64, 128)] * 4
+    maintenance = rp.maintenance_steps(B300, timing, admission=FULL)
+    assert min(_admits(maintenance)) == (32, 64)
+    assert rp.summary(release)["min_admission_inflight"] == 16
+    lines = rp.render(release, "T")
+    assert lines[4].startswith("  4. [prefill 1/4, decode GPUs 4/8, admits 16 + queue 32] the router restarts")
+    assert lines[-1].endswith("; the front door admits at least 16 in flight")
+    # Without the limits, the steps and lines are as before.
+    assert "admission_inflight" not in rp.release_steps(B300, timing)[0]
+
+
+def test_pdctl_upgrade_plan_prints_the_admission_of_each_step(capsys):
+    assert cli.main(["upgrade", "-i", str(ROOT / "inventories/b300"), "--plan", "release"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "[prefill 1/4, decode GPUs 4/8, admits 16 + queue 32]" in printed[4]
+    assert printed[-1].endswith("the front door admits at least 16 in flight")
+    # The lab: two front doors behind a virtual address, each admits the lab's whole 16.
+    assert cli.main(["upgrade", "-i", str(ROOT / "inventories/lab"), "--plan", "release"]) == 0
+    assert "admits 16 + queue 32]" in capsys.readouterr().out.splitlines()[1]
+
