@@ -4,9 +4,11 @@
 """What a rolling change reads and drives: HAProxy's runtime API and a vLLM instance's load.
 
 - HAProxy (the front door): `show stat` (CSV; the columns this code reads are named, never indexed:
-  `status` for health, `scur` for sessions), `show servers state BACKEND` (its `srv_admin_state` bits
-  are the admin state: `status` is no guide to it, a drained server whose checks fail reads DOWN there
-  like a ready one) and `set server BACKEND/SERVER state ready|drain|maint`.
+  `status` for health, `scur` for sessions, `qcur` for the queue, `slim` for a server's maxconn),
+  `show servers state BACKEND` (its `srv_admin_state` bits are the admin state: `status` is no guide to
+  it, a drained server whose checks fail reads DOWN there like a ready one), `set server BACKEND/SERVER
+  state ready|drain|maint`, and process-wide variables (`get var proc.NAME`; `set var` needs the
+  connection's experimental mode on 2.6).
 - vLLM: `vllm:num_requests_running` + `vllm:num_requests_waiting`, summed over every engine (DP
   rank) of the instance's /metrics, is what it still has in hand.
 """
@@ -50,6 +52,32 @@ def haproxy_ask(path, command, timeout=10.0):
                 chunks.append(data)
         except OSError as exc:  # a timeout included
             raise RollingError("HAProxy's runtime socket %s did not answer `%s`: %s" % (path, command, exc))
+
+
+def haproxy_do(path, command):
+    """Send a runtime-API command that answers nothing when it works (blank lines only); RollingError
+    with HAProxy's answer otherwise (e.g. "No such server.")."""
+    answer = haproxy_ask(path, command).strip()
+    if answer:
+        raise RollingError("HAProxy refused `%s`: %s" % (command, answer))
+
+
+def haproxy_get_var(path, name):
+    """The value of the process-wide variable name (`proc.X`) as text, or None where the running
+    configuration never set it. HAProxy 2.6 answers `proc.X: type=sint value=<128>`."""
+    answer = haproxy_ask(path, "get var %s" % name).strip()
+    if answer.startswith("Variable not found"):
+        return None
+    prefix = "%s: type=" % name
+    if not answer.startswith(prefix) or " value=<" not in answer or not answer.endswith(">"):
+        raise RollingError("HAProxy's `get var %s` answered %r" % (name, answer[:200]))
+    return answer.split(" value=<", 1)[1][:-1]
+
+
+def haproxy_set_var(path, name, expression):
+    """Set the process-wide variable name to a sample expression (e.g. `int(32)`). On 2.6 `set var` is an
+    experimental CLI command: the mode is turned on for this one connection only."""
+    haproxy_do(path, "experimental-mode on; set var %s %s" % (name, expression))
 
 
 def parse_stat(text):

@@ -56,13 +56,10 @@ options:
         switch needs while the router pairs with the temporary decode. Left as it is when omitted.
       - Like the admin state, it lives in the running HAProxy only; a reload returns it to the plan's decode.
     type: str
-  socket:
-    description: HAProxy's runtime API socket (admin level).
-    type: path
-    default: /run/haproxy/admin.sock
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
+  - pdctl.vllm_pd.frontdoor_socket
 attributes:
   check_mode:
     details: Reports whether the state would change; sets nothing and does not wait.
@@ -123,7 +120,7 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rolling import (
-    RollingError, admin_state, haproxy_ask, is_up, parse_servers_state, parse_stat, server_row)
+    RollingError, admin_state, haproxy_ask, haproxy_do, is_up, parse_servers_state, parse_stat, server_row)
 
 
 def _row(sock, backend, server):
@@ -163,9 +160,7 @@ def _check_decode(sock, server, url):
 
 
 def _set(sock, backend, server, state):
-    answer = haproxy_ask(sock, "set server %s/%s state %s" % (backend, server, state)).strip()
-    if answer:
-        raise RollingError("HAProxy refused `set server %s/%s state %s`: %s" % (backend, server, state, answer))
+    haproxy_do(sock, "set server %s/%s state %s" % (backend, server, state))
 
 
 def _wait(sock, backend, server, wait, timeout):
@@ -198,10 +193,7 @@ def run(params, check_mode):
     if check_mode:
         return result
     if check_now != check_wanted:
-        command = "set server be_check_%s/router check-addr %s port %d" % ((server,) + check_wanted)
-        answer = haproxy_ask(sock, command).strip()
-        if answer:
-            raise RollingError("HAProxy refused `%s`: %s" % (command, answer))
+        haproxy_do(sock, "set server be_check_%s/router check-addr %s port %d" % ((server,) + check_wanted))
     drained = 0.0
     if changed and params["state"] == "maint" and params["drain_first"]:
         # Out of rotation without cutting a stream: drained first (or still draining from a run that

@@ -15,6 +15,7 @@ import yaml
 from pathlib import Path
 
 import requires
+from self_signed import self_signed
 from inventories import ROOT
 from pdctl import cli, inventory
 from pdctl.lab import store
@@ -38,24 +39,6 @@ def _cfg(rendered, inv):
     return plan, (rendered[inv] / host / "etc/haproxy/haproxy.cfg").read_text()
 
 
-def _self_signed(path):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import datetime
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-            .sign(key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    path.write_bytes(cert.public_bytes(pem) + key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                                serialization.NoEncryption()))
-
-
 @pytest.mark.parametrize("inv,port,inflight", [("lab", 8443, 16), ("b300", 443, 64)])
 def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     plan, text = _cfg(rendered, inv)
@@ -65,7 +48,22 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
     # Two front-door hosts behind one virtual address: only its holder takes clients, so each admits the
     # whole limit; the queue is bounded.
     assert re.search(r"server admission abns@pdctl-routers maxconn %d maxqueue %d$" % (inflight, 2 * inflight), text, re.M)
-    assert "queue(be_admission) ge %d" % (2 * inflight) in text
+    # Admission follows capacity (issue 41): the queue bound is a variable the runtime API changes like the
+    # server's maxconn; a request is refused at once only when no slot is free and the queue is at its bound.
+    assert re.search(r"^\s+set-var proc.pdctl_admission_queue int\(%d\)$" % (2 * inflight), text, re.M)
+    assert "acl be_admission_full srv_conn_free(be_admission/admission) le 0" in text
+    assert "acl be_admission_full_queue queue(be_admission),sub(proc.pdctl_admission_queue) ge 0" in text
+    # Degraded mode: while no P/D router (its check: the router and its decode) nor standby is up, requests go
+    # through an admission of their own, half the limits (the prefill instances also decode).
+    assert re.findall(r"^backend (be_admission\S*)\n\s+server admission abns@pdctl-routers maxconn (\d+) maxqueue (\d+)$",
+                      text, re.M) == [("be_admission", str(inflight), str(2 * inflight)),
+                                      ("be_admission_degraded", str(inflight // 2), str(2 * inflight))]
+    assert re.search(r"^\s+set-var proc.pdctl_admission_degraded_queue int\(%d\)$" % inflight, text, re.M)
+    assert re.findall(r"^\s+acl pd_router_up srv_is_up\((\S+)\)$", text, re.M) == [
+        x % r["host"] for r in plan["routers"] for x in ("be_check_%s/router", "be_routers/%s-standby")]
+    assert "use_backend be_admission_degraded if !pd_router_up" in text
+    assert ("if pd_router_up be_admission_full be_admission_full_queue || "
+            "!pd_router_up be_admission_degraded_full be_admission_degraded_full_queue") in text
     # This host's P/D router, then (degraded mode, issue 39) its aggregated router, then the other router
     # host's two: `balance first` sends every request to the first ready one, a retry to the next, so a
     # request its P/D router fails is retried aggregated, not on another P/D router that lost the same
@@ -123,7 +121,7 @@ def test_rendered_config_holds_the_plan(rendered, inv, port, inflight):
 def test_rendered_config_passes_haproxy_check(rendered, inv, tmp_path):
     haproxy = requires.binary("haproxy", "the front door's configuration is checked by HAProxy itself")
     _, text = _cfg(rendered, inv)
-    _self_signed(tmp_path / "frontdoor.pem")
+    self_signed(tmp_path / "frontdoor.pem")
     (tmp_path / "clients.map").write_text("")
     text = text.replace("/etc/haproxy/pdctl/", "%s/" % tmp_path)
     (tmp_path / "haproxy.cfg").write_text(text)

@@ -1,0 +1,1 @@
+../plugins/modules/frontdoor_admission.py
