@@ -1,7 +1,8 @@
 # Copyright: pdctl contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Admission follows capacity (issue 41): the rule (module_utils/admission.py) and the limits each rollout step
-prints."""
+"""Admission follows capacity (issue 41): the rule (module_utils/admission.py), the limits each rollout step
+prints, and the capacity each traffic move of the playbooks hands the front doors, templated here from the
+playbooks' own expressions against the production plan."""
 from __future__ import annotations
 
 import pytest
@@ -134,3 +135,70 @@ def test_pdctl_upgrade_plan_prints_the_admission_of_each_step(capsys):
     assert cli.main(["upgrade", "-i", str(ROOT / "inventories/lab"), "--plan", "release"]) == 0
     assert "admits 16 + queue 32]" in capsys.readouterr().out.splitlines()[1]
 
+
+# ---------------------------------------------------------------- the playbooks' traffic moves
+
+
+def _moves(tasks, inherited=None, found=None):
+    """Every include of upgrade_frontdoor_away.yml / upgrade_frontdoor_home.yml: (target, task name, vars with
+    the enclosing blocks')."""
+    found = [] if found is None else found
+    for task in tasks or []:
+        scope = dict(inherited or {}, **(task.get("vars") or {}))
+        for key in ("block", "rescue", "always"):
+            _moves(task.get(key), scope, found)
+        target = task.get("ansible.builtin.include_tasks") or ""
+        if target.endswith(("upgrade_frontdoor_away.yml", "upgrade_frontdoor_home.yml")):
+            found.append((target.rsplit("/", 1)[-1], task["name"], scope))
+    return found
+
+
+def _template(expr, variables):
+    """expr templated as Ansible does a task's variable: the playbook's own variables are templates too."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    trusted = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in variables.items()}
+    return Templar(loader=DataLoader(), variables=trusted).template(trust_as_template(expr))
+
+
+def _instances(*names):
+    return [i for i in B300["instances"] if i["name"] in names]
+
+
+# What each traffic move's target serves on B300 (prefill instances, decode GPUs), with: the instance rolled,
+# prefill-0; the release switch's staging instances, prefill-0 and prefill-1; the maintenance lender, prefill-3;
+# a prefill host's turn, b300-prefill-0's instances; in a failed turn's rescue, the temporary decode running.
+EXPECTED = {
+    ("upgrade_instance.yml", "Front door to the standby routers; the routers drain"): (3, 8),
+    ("upgrade_instance.yml", "Front door back to the routers, standby out"): (4, 8),
+    ("upgrade_release.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (3, 8)],
+    ("upgrade_release.yml", "Front door to the new release (the routers); the old pool behind the standbys drains"): (1, 4),
+    ("upgrade_release.yml", "Front door back to the routers, standby out"): (4, 8),
+    ("maintenance_host.yml", "Front door to the standby routers; the routers drain"): [(3, 8), (2, 8), (4, 8)],
+    ("maintenance_host.yml", "Front door to the routers (the temporary decode serves); the standbys drain"): (3, 4),
+    ("maintenance_host.yml", "Front door to the standby routers; the routers (and the temporary decode) drain"): (3, 8),
+    ("maintenance_host.yml", "Front door back to the routers, standby out"): (4, 8),
+    ("maintenance_host.yml", "Front door to the standby routers"): (1, 4),
+    ("maintenance_host.yml", "Front door back to the routers"): (1, 4),
+}
+
+
+def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
+    context = {"preflight_plan": B300, "upgrade_instance": _instances("prefill-0")[0],
+               "upgrade_staging": _instances("prefill-0", "prefill-1"), "maintenance_lender": _instances("prefill-3")[0],
+               "maintenance_instances": _instances("prefill-0", "prefill-1"), "maintenance_decode_turn": True,
+               "maintenance_running": {"results": [{"stdout": "active", "item": {"name": "decode-temporary"}}]}}
+    seen = {}
+    for name in ("upgrade_instance.yml", "upgrade_release.yml", "maintenance_host.yml"):
+        tasks = yaml.safe_load((ROOT / "playbooks/tasks" / name).read_text())
+        for target, task, scope in _moves(tasks):
+            variables = dict(context, **scope)
+            if target == "upgrade_frontdoor_away.yml" or "upgrade_check_decode" in scope:
+                # The move's target serves less than the plan: the call site must say how much.
+                assert "upgrade_capacity" in scope, "%s: %r gives no upgrade_capacity" % (name, task)
+            if "upgrade_capacity" in scope:
+                got = _template(scope["upgrade_capacity"], variables)
+            else:   # upgrade_frontdoor_home.yml's default: the plan's whole capacity
+                got = adm.capacity(B300)
+            seen.setdefault((name, task), []).append((got["prefill_in_service"], got["decode_gpus_in_service"]))
+    assert {k: v[0] if len(v) == 1 else v for k, v in seen.items()} == EXPECTED
