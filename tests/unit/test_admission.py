@@ -180,6 +180,9 @@ EXPECTED = {
     ("maintenance_host.yml", "Front door back to the routers, standby out"): (4, 8),
     ("maintenance_host.yml", "Front door to the standby routers"): (1, 4),
     ("maintenance_host.yml", "Front door back to the routers"): (1, 4),
+    ("upgrade_pass.yml", "Front door back to the routers (a run that was interrupted may have left a standby in rotation)"):
+        (4, 8),
+    ("maintenance.yml", "Front door back to the routers, standby out"): (4, 8),
 }
 
 
@@ -189,8 +192,12 @@ def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
                "maintenance_instances": _instances("prefill-0", "prefill-1"), "maintenance_decode_turn": True,
                "maintenance_running": {"results": [{"stdout": "active", "item": {"name": "decode-temporary"}}]}}
     seen = {}
-    for name in ("upgrade_instance.yml", "upgrade_release.yml", "maintenance_host.yml"):
-        tasks = yaml.safe_load((ROOT / "playbooks/tasks" / name).read_text())
+    # Every playbook and task file: a traffic move added anywhere must say what its target serves here too.
+    for path in sorted((ROOT / "playbooks").glob("*.yml")) + sorted((ROOT / "playbooks/tasks").glob("*.yml")):
+        doc = yaml.safe_load(path.read_text()) or []
+        tasks = [t for play in doc for key in ("pre_tasks", "tasks", "post_tasks") for t in play.get(key) or []] \
+            if path.parent.name == "playbooks" else doc
+        name = path.name
         for target, task, scope in _moves(tasks):
             variables = dict(context, **scope)
             if target == "upgrade_frontdoor_away.yml" or "upgrade_check_decode" in scope:
