@@ -44,9 +44,10 @@ def add_parser(sub):
     u = sub.add_parser("upgrade", help="rolling upgrade to what the inventory says (playbooks/upgrade.yml): "
                        "one instance at a time, no request lost; --check prints the steps")
     _common_args(u)
-    u.add_argument("--plan", choices=["prefill", "release"],
-                   help="print the steps, capacity and estimated duration of a change of every prefill instance "
-                   "or of a new engine release, from the inventory alone (no host is contacted; nothing runs)")
+    u.add_argument("--plan", choices=["prefill", "decode", "release"],
+                   help="print the steps, capacity and estimated duration of a change of every prefill instance, "
+                   "of the decode instance(s) (behind a temporary decode) or of a new engine release, from the "
+                   "inventory alone (no host is contacted; nothing runs)")
     u.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml")
     r = sub.add_parser("rollback", help="back to the engine release before the last switch (playbooks/upgrade.yml "
                        "-e upgrade_rollback=true): the same two-pool switch, then the gates")
@@ -224,12 +225,14 @@ def _print_plan(args) -> int:
     estimated with its timing model (pdctl_rollout_timing); nothing runs."""
     timing = next(iter(inventory.load(args.inventory, names=("pdctl_rollout_timing",)).values()))["vars"]
     plan = inventory.plan(args.inventory)
-    kwargs = {}
+    kwargs, kind = {}, args.plan
+    if args.plan == "decode":
+        kind, kwargs["pending"] = "prefill", [i["name"] for i in plan["instances"] if i["pool"] == "decode"]
     if args.plan == "maintenance":
         # Router and front-door hosts reload the driver module instead of rebooting (maintenance_host.yml).
         kwargs["reload_hosts"] = [r["host"] for r in plan["routers"]] + list(plan["frontdoor"]["hosts"])
     try:
-        found = rollout_filter.rollout_plan(plan, args.plan, timing.get("pdctl_rollout_timing"), **kwargs)
+        found = rollout_filter.rollout_plan(plan, kind, timing.get("pdctl_rollout_timing"), **kwargs)
     except Exception as exc:  # the filter's AnsibleFilterError: a bad timing model
         print("pdctl: %s" % exc, file=sys.stderr)
         return EXIT_INVALID
