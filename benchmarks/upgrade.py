@@ -22,6 +22,11 @@ Scenarios:
            instances, the gates fail, it rolls them back to the configuration each host recorded before the
            change, runs the gates again and exits non-zero naming the gate; a second run with the same target is
            refused; then the inventory's configuration, nothing to do.
+  decode-flag
+           a flag of the decode instance changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml stops the
+           last prefill instance and starts a temporary decode on its GPUs, the routers pair the other three with
+           it, the decode restarts on its new unit, then everything goes back (upgrade_decode.yml); a second run
+           (nothing to do) and a third that restores the inventory's flag, under the same load.
   flag     a flag of the prefill pool changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml rolls
            the four prefill instances one at a time; then a second run (nothing to do) and a third that
            restores the inventory's flag, under the same load.
@@ -44,6 +49,15 @@ Scenarios:
            the three hosts, one at a time (the prefill hosts reboot, the decode host, which also runs the
            router and the front door, reloads its module); then a second run (nothing to do), then back to
            the manifest's release. hosts_s is each host's turn (artifacts/maintenance/last.json).
+  kernel   a kernel update on every host (/run/reboot-required, as Debian's and Ubuntu's kernel packages write it):
+           playbooks/maintenance.yml reboots each host in turn, the decode host included (it also runs a router and
+           the front door holding the virtual address: the address moves to the other front door first, whose
+           routers serve; streams open on the moving front door end with it). The clients use the virtual address.
+           hosts_s is each host's turn, order the turns' order; rebooted says which hosts came back from a reboot
+           (PID 1 is new); failed_at_vip_move counts the failures of requests in flight when the run began to move
+           the address (they are excused, at most one per client and move; any other failure is not), failed_detail
+           each failure's start and end in seconds from the nearest move. The capacity is read on the front door
+           that holds the address.
   driver-link-down
            driver, with lab-prefill-1's emulated GPUs coming back from the new release with an NVLink down
            (faults_by_driver in its hardware profile): lab-prefill-0 upgrades, lab-prefill-1 fails its
@@ -102,8 +116,8 @@ TEMPORARY_DECODE_METRICS = "http://10.89.64.11:8101/metrics"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy",
                      "release-interrupted": "bad-sla"}
-DRIVER_SCENARIOS = ["driver", "driver-link-down"]
-SCENARIOS = ["flag", "flag-interrupted", "flag-bad-sla"] + sorted(RELEASE_SCENARIOS) + DRIVER_SCENARIOS
+DRIVER_SCENARIOS = ["driver", "driver-link-down", "kernel"]
+SCENARIOS = ["flag", "flag-interrupted", "flag-bad-sla", "decode-flag"] + sorted(RELEASE_SCENARIOS) + DRIVER_SCENARIOS
 # flag-bad-sla: the prefill instances' engine profile, with prefill 200x slower than the lab's.
 SLOW_PREFILL_PROFILE = "/etc/pdctl/engine/profile-slow-prefill.yml"
 # The host whose GPUs come back from the new driver with a link down (driver-link-down).
@@ -225,18 +239,22 @@ def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=
     log("%s: exit %d in %.1f s, changed %s; output in %s" % (label, proc.returncode, took, changed, log_file))
     tail = [ln for ln in lines if '"msg"' in ln or "FAILED" in ln or "fatal" in ln][-5:]
     rollback_s = round(marks["end"] - marks["rollback"], 1) if "rollback" in marks else None
-    return Run(proc.returncode, took, changed, tail, rollback_s, stdout, killed[0] if killed else None)
+    return Run(proc.returncode, took, changed, tail, rollback_s, stdout, killed[0] if killed else None,
+               marks.get("vip_moves", []))
 
 
 # What run_upgrade saw; rollback_s runs from the moment the rollback is recorded to the end of the playbook;
 # killed_in is the last task the run printed before it was killed (None: not killed).
-Run = collections.namedtuple("Run", "rc took changed tail rollback_s stdout killed_in")
+# vip_moves: when the run began to move the front door's virtual address away from a host (monotonic), each time.
+Run = collections.namedtuple("Run", "rc took changed tail rollback_s stdout killed_in vip_moves")
 
 
 def _read_lines(stream, lines, marks):
     for line in stream:
         lines.append(line.rstrip("\n"))
         # The rollback starts where it is recorded, or, resumed, where the run says it rolls back.
+        if line.startswith("TASK [Keepalived stops here"):
+            marks.setdefault("vip_moves", []).append(time.monotonic())
         if "rollback" not in marks and (line.startswith("TASK [Release switch record: rolling-back]")
                                         or line.startswith("TASK [Prefill change record: rolling-back]")
                                         or "rolling back: the two-pool switch" in line):
@@ -269,23 +287,29 @@ def estimate(scenario):
     plan = inventory.plan(INVENTORY)
     if scenario == "flag":
         steps = rollout_plan.prefill_steps(plan, timing, gated=True)
+    elif scenario == "decode-flag":
+        decode = [i["name"] for i in plan["instances"] if i["pool"] == "decode"]
+        steps = rollout_plan.prefill_steps(plan, timing, pending=decode, gated=True)
     elif scenario == "release":
         steps = rollout_plan.release_steps(plan, timing)
     elif scenario == "driver":
         steps = rollout_plan.maintenance_steps(plan, timing, reload_hosts=[FRONTDOOR_HOST])
+    elif scenario == "kernel":
+        steps = rollout_plan.maintenance_steps(plan, timing, reload_hosts=[])
     else:
         return None
     return rollout_plan.summary(steps)["seconds"]
 
 
-def flag_vars(tmp):
+def flag_vars(tmp, pool="prefill"):
+    """Extra vars that change one flag of the pool's instances (--shutdown-timeout 300 -> 240)."""
     serving = yaml.safe_load((INVENTORY / "group_vars" / "all" / "serving.yml").read_text())
     args = serving["pdctl_serve_args"]
-    prefill = list(args["prefill"])
-    i = prefill.index("--shutdown-timeout")
-    prefill[i + 1] = "240" if prefill[i + 1] != "240" else "300"
-    path = Path(tmp) / "flag.yml"
-    path.write_text(yaml.safe_dump({"pdctl_serve_args": dict(args, prefill=prefill)}))
+    flags = list(args[pool])
+    i = flags.index("--shutdown-timeout")
+    flags[i + 1] = "240" if flags[i + 1] != "240" else "300"
+    path = Path(tmp) / ("flag-%s.yml" % pool)
+    path.write_text(yaml.safe_dump({"pdctl_serve_args": dict(args, **{pool: flags})}))
     return path
 
 
@@ -334,18 +358,25 @@ def measure(args, kills, tmp, result, driver):
         sys.exit("the lab does not converge to its inventory: %s" % " | ".join(pre.tail))
     before = instance_releases()
     problems = []
-    sampler = FrontdoorCapacity(FRONTDOOR_HOST)
+    # The kernel scenario reboots each front door in turn: the capacity is read where the virtual address is.
+    vip = inventory.plan(SERVING_INVENTORY)["frontdoor"].get("vip") if args.scenario == "kernel" else None
+    sampler = FrontdoorCapacity(FRONTDOOR_HOST, vip=vip["address"] if vip else None,
+                                hosts=inventory.plan(SERVING_INVENTORY)["frontdoor"]["hosts"])
     sampler.start()
     decode_pairs, watcher = CrossReleasePairs(DECODE_METRICS), CrossReleasePairs(TEMPORARY_DECODE_METRICS)
     decode_pairs.start()
     watcher.start()
     time.sleep(2)  # each sampler's first reading is its baseline
-    with StreamLoad(FRONTDOOR, client_key(), clients=args.clients, verify=CA) as load:
+    # The kernel scenario reboots the host behind FRONTDOOR: its clients use the virtual address, as real ones do.
+    url = inventory.plan(SERVING_INVENTORY)["frontdoor"]["url"] if args.scenario == "kernel" else FRONTDOOR
+    with StreamLoad(url, client_key(), clients=args.clients, verify=CA) as load:
         time.sleep(3)
-        if args.scenario in ("flag", "flag-interrupted"):
+        if args.scenario in ("flag", "flag-interrupted", "decode-flag"):
             problems += flag_scenario(args.scenario, tmp, result)
         elif args.scenario == "flag-bad-sla":
             problems += flag_bad_sla_scenario(tmp, result)
+        elif args.scenario == "kernel":
+            problems += kernel_scenario(result, load)
         elif driver:
             problems += driver_scenario(args.scenario, tmp, result)
         else:
@@ -361,13 +392,19 @@ def measure(args, kills, tmp, result, driver):
                   min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples),
                   by_capacity=by_capacity(load.outcomes, sampler.samples),
                   temporary_decode_cross_release_pairs=watcher.pairs)
-    if summary["failed_requests"]:
-        problems.append("%d failed requests: %s" % (summary["failed_requests"], summary["errors"]))
+    # A kernel update's turn of the host holding the virtual address ends the streams open on its front door (at
+    # most one per client); any other failure is a fault.
+    excused = (min(result.get("failed_at_vip_move") or 0, args.clients * (result.get("vip_moves") or 0))
+               if args.scenario == "kernel" else 0)
+    if summary["failed_requests"] > excused:
+        problems.append("%d failed requests (%d at the address's move): %s"
+                        % (summary["failed_requests"], excused, summary["errors"]))
     problems += end_state_problems(sampler)
     # A compatible change keeps N-1 of N prefill instances serving; a release switch serves throughout,
     # from the new release's first pair (one prefill instance) while the old pool drains.
     # A host's maintenance takes its two prefill instances out (the decode host's, one: the lender).
-    floor = result["prefill_total"] - 1 if args.scenario.startswith("flag") else 2 if driver else 1
+    # A decode's change lends one prefill instance's GPUs to the temporary decode.
+    floor = result["prefill_total"] - 1 if "flag" in args.scenario else 2 if driver else 1
     if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < floor:
         problems.append("prefill capacity fell to %s of %d (floor %d)" % (result["min_prefill_capacity"],
                                                                          result["prefill_total"], floor))
@@ -422,8 +459,10 @@ def end_state_problems(sampler):
     if (sorted(last.get("active", [])) != routers or len(last.get("healthy", [])) != 4
             or sorted(last.get("aggregated", [])) != [h + "-aggregated" for h in routers]):
         problems.append("front door left in %s" % last)
+    # The temporary decode: a release switch's on lab-prefill-0, a decode change's or maintenance's on lab-prefill-1.
     for host, unit in ((FRONTDOOR_HOST, "pdctl-router-standby.service"),
-                       ("lab-prefill-0", "pdctl-vllm-decode-temporary.service")):
+                       ("lab-prefill-0", "pdctl-vllm-decode-temporary.service"),
+                       ("lab-prefill-1", "pdctl-vllm-decode-temporary.service")):
         state = subprocess.run(["podman", "exec", host, "systemctl", "show", "-p", "LoadState", "--value", unit],
                                capture_output=True, text=True).stdout.strip()
         if state != "not-found":
@@ -438,9 +477,10 @@ def flag_scenario(scenario, tmp, result):
         # instance), each time re-run; the last run completes.
         for after in (8, 30, 45):
             took_killed += run_upgrade(flag_vars(tmp), "upgrade killed at %d s" % after, kill_after=after).took
-    up = run_upgrade(flag_vars(tmp), "upgrade (prefill flag)")
+    pool = "decode" if scenario == "decode-flag" else "prefill"
+    up = run_upgrade(flag_vars(tmp, pool), "upgrade (%s flag)" % pool)
     result["upgrade_s"] = round(up.took + took_killed, 1)
-    again = run_upgrade(flag_vars(tmp), "second run (same target)")
+    again = run_upgrade(flag_vars(tmp, pool), "second run (same target)")
     result.update(second_run_s=round(again.took, 1), second_run_changed=sum(again.changed.values()))
     back = run_upgrade(None, "restore (the inventory's flag)")
     result["restore_s"] = round(back.took, 1)
@@ -615,6 +655,48 @@ def _on(drivers, host, version):
     d = drivers[host]
     return (d["module"] == version and d["smi"] == [version] and d["fabric"] == ["Completed"]
             and set(d["packages"].values()) == {version + "-1"})
+
+
+def boot_marks():
+    """{host: its PID 1's start time}: a new one after a reboot (the lab's containers share this machine's boot id)."""
+    return {h: subprocess.run(["podman", "exec", h, "sh", "-c", "awk '{print $22}' /proc/1/stat"],
+                              capture_output=True, text=True).stdout.strip() for h in LAB_HOSTS}
+
+
+def kernel_scenario(result, load):
+    """Every host asks for a reboot; maintenance.yml reboots them one at a time under load; a second run has nothing
+    to do."""
+    problems = []
+    for host in LAB_HOSTS:
+        subprocess.run(["podman", "exec", host, "sh", "-c", "echo '*** System restart required ***' > /run/reboot-required"
+                        " && echo linux-image-6.1.0-lab-amd64 > /run/reboot-required.pkgs"], check=True)
+    before = boot_marks()
+    up = run_upgrade(None, "maintenance (a kernel update on every host)", playbook=MAINTENANCE)
+    result["upgrade_s"] = round(up.took, 1)
+    report = json.loads(REPORT.read_text())
+    result["hosts_s"] = {h: t["seconds"] for h, t in report["turns"].items()}
+    result["order"] = sorted(report["turns"], key=lambda h: float(report["turns"][h].get("started", 0)))
+    after = boot_marks()
+    result["rebooted"] = sorted(h for h in LAB_HOSTS if after[h] != before[h])
+    moves = up.vip_moves
+    result["vip_moves"] = len(moves)
+    failed = load.failed()
+    result["failed_at_vip_move"] = sum(1 for o in failed if any(o.start <= m <= o.end for m in moves))
+    result["failed_detail"] = [
+        {"from_move_s": [round(o.start - m, 1), round(o.end - m, 1)], "error": (o.error or "")[:80]}
+        for o in failed for m in [min(moves, key=lambda m: abs(o.start - m))] if moves]
+    if up.rc:
+        problems.append("maintenance exit %d: %s" % (up.rc, " | ".join(up.tail)[:400]))
+    if result["rebooted"] != sorted(LAB_HOSTS) or sorted(result["hosts_s"]) != sorted(LAB_HOSTS):
+        problems.append("rebooted %s, turns %s: expected every host" % (result["rebooted"], sorted(result["hosts_s"])))
+    if result["order"][-1:] != [FRONTDOOR_HOST]:
+        problems.append("the decode host's turn was not last: %s" % result["order"])
+    again = run_upgrade(None, "second run (nothing asks for a reboot)", playbook=MAINTENANCE)
+    result.update(second_run_s=round(again.took, 1), second_run_changed=sum(again.changed.values()),
+                  second_run_exit=again.rc)
+    if again.rc or sum(again.changed.values()):
+        problems.append("the second run exit %d changed %s" % (again.rc, again.changed))
+    return problems
 
 
 def driver_scenario(scenario, tmp, result):

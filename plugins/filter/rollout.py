@@ -13,15 +13,17 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan as rp
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_state as rs
 
-TITLES = {"prefill": "Rollout plan: a change of prefill instances, one at a time behind the standby routers",
+TITLES = {"prefill": "Rollout plan: a change of instances, one at a time (prefill behind the standby routers, the "
+                     "decode behind a temporary decode)",
           "release": "Rollout plan: a new engine release, the two-pool switch",
           "maintenance": "Maintenance plan: one host at a time"}
 
 
 def rollout_plan(plan, kind, timing, pending=None, hosts=None, reload_hosts=(), gated=None, admission=None):
-    """pending: the prefill instances that change (prefill); hosts, reload_hosts: the hosts whose turn comes and
-    those that reload the module (maintenance); gated: whether the gates end it (default: as the playbook does);
-    admission: one front door's full limits (admission_share), to print what it admits at each step."""
+    """pending: the instances that change (prefill: a decode among them rolls behind a temporary decode); hosts,
+    reload_hosts: the hosts whose turn comes and those that reload the module (maintenance); gated: whether the
+    gates end it (default: as the playbook does); admission: one front door's full limits (admission_share), to
+    print what it admits at each step."""
     kwargs = {"prefill": {"pending": pending, "gated": True if gated is None else bool(gated)},
               "release": {"gated": True if gated is None else bool(gated)},
               "maintenance": {"hosts": hosts, "reload_hosts": list(reload_hosts or ())}}.get(kind, {})

@@ -102,16 +102,19 @@ class _Steps:
 
 
 def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
-    """A change of prefill instances (flags, environment) rolled one at a time behind the standby routers
-    (playbooks/tasks/upgrade_instance.yml). pending: the instance names that change (default: all)."""
+    """A change of instances' flags or environment: prefill instances rolled one at a time behind the standby
+    routers (playbooks/tasks/upgrade_instance.yml), then a decode instance behind a temporary decode
+    (playbooks/tasks/upgrade_decode.yml). pending: the instance names that change (default: every prefill one)."""
     s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
     todo = [i for i in s.prefill if pending is None or i["name"] in pending]
-    unknown = sorted(set(pending or ()) - {i["name"] for i in s.prefill})
+    decode = [i for i in s.decode if pending is not None and i["name"] in pending]
+    unknown = sorted(set(pending or ()) - {i["name"] for i in s.prefill + s.decode})
     if unknown:
-        raise PlanError("not prefill instances of the plan: %s" % ", ".join(unknown))
+        raise PlanError("not instances of the plan: %s" % ", ".join(unknown))
     s.add("preflight, read the hosts, check every argv, write the units (nothing restarts); %d instance(s) "
-          "to roll: %s" % (len(todo), ", ".join(i["name"] for i in todo) or "none"), ["run_s"], n, dgpus)
+          "to roll: %s" % (len(todo) + len(decode), ", ".join(i["name"] for i in todo + decode) or "none"),
+          ["run_s"], n, dgpus)
     for inst in todo:
         s.add("%s out: the standby router without it takes the front door, the routers' streams finish"
               % inst["name"], ["router_ready_s", "frontdoor_s", "drain_s"], n - 1, dgpus)
@@ -119,7 +122,21 @@ def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
               ["canary_s", "engine_stop_s", "engine_ready_s", "canary_s"], n - 1, dgpus)
         s.add("%s back: the routers take the front door, the standby drains and leaves" % inst["name"],
               ["frontdoor_s"], n, dgpus)
-    if gated and todo:
+    for inst in decode:
+        lender = s.prefill[-1]
+        s.add("%s out: %s leaves the routers, drains and stops; a temporary decode starts on its GPUs; the routers "
+              "pair the other prefill instances with it, a canary, the front door back to them"
+              % (inst["name"], lender["name"]),
+              ["router_ready_s", "frontdoor_s", "drain_s", "engine_stop_s", "engine_ready_s", "router_ready_s",
+               "canary_s", "frontdoor_s"], n - 1, len(lender["gpus"]))
+        s.add("%s restarts on its new unit: a canary on the old one, its streams finish, stop, load, /health, the "
+              "same canary" % inst["name"], ["canary_s", "drain_s", "engine_stop_s", "engine_ready_s", "canary_s"],
+              n - 1, len(lender["gpus"]))
+        s.add("%s back: the standby routers take the front door with it; the temporary decode stops, %s starts "
+              "again; the routers on the plan's membership take the front door back" % (inst["name"], lender["name"]),
+              ["router_ready_s", "frontdoor_s", "drain_s", "engine_stop_s", "engine_ready_s", "canary_s",
+               "router_ready_s", "frontdoor_s"], n, dgpus)
+    if gated and (todo or decode):
         s.add("the gates (SLA, accuracy) through the front door; a failure rolls the same instances back, one at a "
               "time, to the configuration before the change", ["gates_s"], n, dgpus)
     return s.steps

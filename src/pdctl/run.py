@@ -46,9 +46,10 @@ def add_parser(sub):
     u = sub.add_parser("upgrade", help="rolling upgrade to what the inventory says (playbooks/upgrade.yml): "
                        "one instance at a time, no request lost; --check prints the steps")
     _common_args(u)
-    u.add_argument("--plan", choices=["prefill", "release"],
-                   help="print the steps, capacity and estimated duration of a change of every prefill instance "
-                   "or of a new engine release, from the inventory alone (no host is contacted; nothing runs)")
+    u.add_argument("--plan", choices=["prefill", "decode", "release"],
+                   help="print the steps, capacity and estimated duration of a change of every prefill instance, "
+                   "of the decode instance(s) (behind a temporary decode) or of a new engine release, from the "
+                   "inventory alone (no host is contacted; nothing runs)")
     u.set_defaults(func=_cmd_run, playbook="playbooks/upgrade.yml")
     r = sub.add_parser("rollback", help="back to the engine release before the last switch (playbooks/upgrade.yml "
                        "-e upgrade_rollback=true): the same two-pool switch, then the gates")
@@ -229,18 +230,20 @@ def _print_plan(args) -> int:
     found_vars = inventory.load(args.inventory, names=PLAN_PRINT_VARS)
     # The front door's limits as its hosts see them (frontdoor_max_queue may be set for them alone).
     timing = found_vars.get(plan["frontdoor"]["hosts"][0], next(iter(found_vars.values())))["vars"]
-    kwargs = {}
+    kwargs, kind = {}, args.plan
     try:
         kwargs["admission"] = admission.share(plan["frontdoor"], timing["pdctl_frontdoor_max_inflight"],
                                               timing.get("frontdoor_max_queue"))
     except (KeyError, admission.AdmissionError) as exc:
         print("pdctl: the front door's limits: %s" % exc, file=sys.stderr)
         return EXIT_INVALID
+    if args.plan == "decode":
+        kind, kwargs["pending"] = "prefill", [i["name"] for i in plan["instances"] if i["pool"] == "decode"]
     if args.plan == "maintenance":
         # Router and front-door hosts reload the driver module instead of rebooting (maintenance_host.yml).
         kwargs["reload_hosts"] = [r["host"] for r in plan["routers"]] + list(plan["frontdoor"]["hosts"])
     try:
-        found = rollout_filter.rollout_plan(plan, args.plan, timing.get("pdctl_rollout_timing"), **kwargs)
+        found = rollout_filter.rollout_plan(plan, kind, timing.get("pdctl_rollout_timing"), **kwargs)
     except Exception as exc:  # the filter's AnsibleFilterError: a bad timing model
         print("pdctl: %s" % exc, file=sys.stderr)
         return EXIT_INVALID

@@ -108,6 +108,52 @@ def test_prefill_flag_change_rolls_one_instance_at_a_time_and_loses_no_request(f
     assert main_pids() == after
 
 
+def test_decode_flag_change_rolls_behind_a_temporary_decode_and_loses_no_request(converged_lab, tmp_path):
+    """Issue 41: the decode instance's --shutdown-timeout changes. Under 8 streams the upgrade lends prefill-3's
+    GPUs to a temporary decode, the routers pair the other three prefill instances with it, decode-0 restarts on
+    its new unit, then everything goes back: no request fails, the front door never reaches fewer than 3 of 4
+    prefill instances, only decode-0 and the lender restart, nothing is left behind; a second run changes nothing.
+    Then the inventory's flag again, the same way."""
+    serving = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/serving.yml").read_text())
+    decode = [("240" if prev == "--shutdown-timeout" else a)
+              for prev, a in zip([None] + serving["pdctl_serve_args"]["decode"], serving["pdctl_serve_args"]["decode"])]
+    assert decode != serving["pdctl_serve_args"]["decode"]
+    inv = inventory_variant(tmp_path / "decode-flag", {
+        "host_vars/lab-decode-0": {"pdctl_serve_args": dict(serving["pdctl_serve_args"], decode=decode)}})
+    before = main_pids()
+    capacity = FrontdoorCapacity("lab-decode-0")
+    capacity.start()
+    try:
+        with StreamLoad(FRONTDOOR, client_key(), clients=8, verify=CA) as load:
+            result = runner.run_playbook("playbooks/upgrade.yml", inv, envvars=LAB_ENV)
+        capacity.stop()
+        summary = load.summary()
+        print("decode flag upgrade: %s, prefill capacity min %s over %d samples"
+              % (summary, capacity.minimum(), len(capacity.samples)))
+        assert result.ok, result.failures
+        out = " ".join(_stdout(result).split())
+        assert "the decode behind a temporary decode on prefill-3's GPUs" in out
+        after = main_pids()
+        assert {n for n in before if before[n] != after[n]} == {"decode-0", "prefill-3"}, (before, after)
+        assert "--shutdown-timeout 240" in on_host("lab-decode-0", "systemctl", "show", "-p", "ExecStart", "--value",
+                                                    "pdctl-vllm-decode-0.service")
+        assert summary["requests"] >= 40 and summary["failed_requests"] == 0, summary
+        assert len(capacity.samples) >= 10 and capacity.minimum() == 3, (capacity.minimum(), capacity.errors[:2])
+        assert _frontdoor_servers() == ROUTERS_AT_REST
+        for host, unit in (("lab-decode-0", "pdctl-router-standby.service"),
+                           ("lab-prefill-1", "pdctl-vllm-decode-temporary.service")):
+            assert on_host(host, "systemctl", "show", "-p", "LoadState", "--value", unit).strip() == "not-found", unit
+        assert subprocess.run(["podman", "exec", "lab-decode-0", "test", "-e", "/var/lib/pdctl/maintenance-turn.json"]
+                              ).returncode == 1, "the decode turn's record was left behind"
+        again = runner.run_playbook("playbooks/upgrade.yml", inv, envvars=LAB_ENV)
+        assert again.ok, again.failures
+        assert set(_changed(again).values()) <= {0}, _changed(again)
+    finally:
+        capacity.stop()
+        back = runner.run_playbook("playbooks/upgrade.yml", ROOT / "inventories/lab", envvars=LAB_ENV)
+        assert back.ok, back.failures
+
+
 JOURNAL = "/var/lib/pdctl/release-switch.json"
 
 

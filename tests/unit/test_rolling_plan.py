@@ -54,8 +54,18 @@ def test_prefill_change_only_for_the_pending_instances_and_gated():
     assert steps[-1]["seconds"] == 256 and "gates" in steps[-1]["what"]
     # Nothing pending: no step but the run's, no gates.
     assert len(rp.prefill_steps(plan(), TIMING, pending=[], gated=True)) == 1
-    with pytest.raises(PlanError, match="decode-0"):
-        rp.prefill_steps(plan(), TIMING, pending=["decode-0"])
+    with pytest.raises(PlanError, match="decode-9"):
+        rp.prefill_steps(plan(), TIMING, pending=["decode-9"])
+
+
+def test_decode_change_rolls_behind_a_temporary_decode_on_the_last_prefill_instance():
+    steps = rp.prefill_steps(plan(), TIMING, pending=["prefill-0", "decode-0"], gated=True)
+    # prefill-0's three steps, then the decode's three: out (the lender's 4 GPUs serve as the decode), restart, back.
+    assert capacity(steps) == [(4, 8), (3, 8), (3, 8), (4, 8), (3, 4), (3, 4), (4, 8), (4, 8)]
+    assert "prefill-3" in steps[4]["what"] and steps[4]["what"].startswith("decode-0 out")
+    # The restart waits on the decode's own streams (a drain) between the two canaries.
+    assert steps[5]["seconds"] == 128 + 16 + 32 + 64 + 128 and steps[5]["drains"] == 1
+    assert "gates" in steps[-1]["what"]
 
 
 def test_release_switch_capacity_dips_to_the_new_pair():
@@ -133,3 +143,13 @@ def test_pdctl_upgrade_plan_prints_without_hosts(capsys, tmp_path):
     assert printed[-1].startswith("Estimated duration: ")
     doc = yaml.safe_load(out.read_text())
     assert doc["summary"]["min_prefill_in_service"] == 1 and len(doc["steps"]) == len(printed) - 2
+
+
+def test_pdctl_upgrade_plan_decode_lends_a_prefill_instance(capsys, tmp_path):
+    from pdctl import cli
+    out = tmp_path / "plan.json"
+    assert cli.main(["upgrade", "-i", str(ROOT / "inventories" / "lab"), "--check", "--plan", "decode",
+                     "--json", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["summary"]["min_prefill_in_service"] == 3 and doc["summary"]["min_decode_gpus_in_service"] == 4
+    assert "1 instance(s) to roll: decode-0" in capsys.readouterr().out

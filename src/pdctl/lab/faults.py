@@ -33,7 +33,9 @@ The lab must be up and converged (`scripts/lab`); run under the lab lock. Progre
 """
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -130,13 +132,22 @@ class ModeSampler(threading.Thread):
         return sum(b[0] - a[0] for a, b in zip(self.samples, self.samples[1:]) if a[1] == mode)
 
 
+def _wall(stamp):
+    """Prometheus' RFC 3339 time (nanoseconds, Z) as a wall-clock second."""
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")
+    return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
 class AlertWatcher(threading.Thread):
     """Which pdctl alerts the lab's Prometheus (plan: the first router host, port 9090) reports firing, polled
-    every 2 s: firing = {alertname: first wall time seen firing}."""
+    every 2 s: firing = {alertname: first wall time seen firing}, for alerts that became active after the watcher
+    started (one still firing from before, e.g. from the slow-start profile's restart of every engine, is not
+    this fault's)."""
 
     def __init__(self, url):
         super().__init__(daemon=True)
         self.url, self.firing, self.errors = url, {}, []
+        self.since = time.time()
         self._halt = threading.Event()
 
     def run(self):
@@ -145,7 +156,8 @@ class AlertWatcher(threading.Thread):
             try:
                 alerts = httpx.get(self.url + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
                 for a in alerts:
-                    if a["state"] == "firing":
+                    active = _wall(a["activeAt"]) if a.get("activeAt") else time.time()
+                    if a["state"] == "firing" and active >= self.since:
                         self.firing.setdefault(a["labels"]["alertname"], time.time())
             except Exception as exc:  # noqa: BLE001 - a missed poll is only a gap in the record
                 self.errors.append(repr(exc)[:200])

@@ -160,17 +160,30 @@ print(json.dumps({"active": active, "prefill": sorted(prefill), "healthy": healt
 
 
 class FrontdoorCapacity(threading.Thread):
-    """Every second: how many healthy prefill instances the routers the front door sends to have."""
+    """Every second: how many healthy prefill instances the routers the front door sends to have. With vip (and
+    the front-door hosts), the front door read is the one holding that address then (clients reach that one)."""
 
-    def __init__(self, frontdoor_host):
+    def __init__(self, frontdoor_host, vip=None, hosts=()):
         super().__init__(daemon=True)
-        self.frontdoor_host = frontdoor_host
+        self.frontdoor_host, self.vip, self.hosts = frontdoor_host, vip, list(hosts)
         self.samples, self.errors = [], []
         self._halt = threading.Event()
 
+    def _holder(self):
+        for host in self.hosts:
+            proc = subprocess.run(["podman", "exec", host, "ip", "-o", "addr", "show", "to", self.vip],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0 and proc.stdout.strip():
+                return host
+        return None
+
     def sample(self) -> dict:
         """One reading now: {active, prefill, healthy, aggregated}; {} when the probe failed (its error is kept)."""
-        proc = subprocess.run(["podman", "exec", self.frontdoor_host, "python3", "-c", _CAPACITY_PROBE],
+        host = self._holder() if self.vip else self.frontdoor_host
+        if host is None:
+            self.errors.append("no front door holds %s" % self.vip)
+            return {}
+        proc = subprocess.run(["podman", "exec", host, "python3", "-c", _CAPACITY_PROBE],
                               capture_output=True, text=True)
         if proc.returncode:
             self.errors.append(proc.stderr[-300:])
