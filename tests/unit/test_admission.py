@@ -166,7 +166,8 @@ def _instances(*names):
 
 
 # What each traffic move's target serves on B300 (prefill instances, decode GPUs), with: the instance rolled,
-# prefill-0; the release switch's staging instances, prefill-0 and prefill-1; the maintenance lender, prefill-3;
+# prefill-0; the release switch's staging instances, prefill-0 and prefill-1; the lender of the temporary decode
+# (maintenance of the decode host, a decode change), prefill-3;
 # a prefill host's turn, b300-prefill-0's instances; in a failed turn's rescue, the temporary decode running.
 EXPECTED = {
     ("upgrade_instance.yml", "Front door to the standby routers; the routers drain"): (3, 8),
@@ -174,9 +175,12 @@ EXPECTED = {
     ("upgrade_release.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (3, 8)],
     ("upgrade_release.yml", "Front door to the new release (the routers); the old pool behind the standbys drains"): (1, 4),
     ("upgrade_release.yml", "Front door back to the routers, standby out"): (4, 8),
-    ("maintenance_host.yml", "Front door to the standby routers; the routers drain"): [(3, 8), (2, 8), (4, 8)],
-    ("maintenance_host.yml", "Front door to the routers (the temporary decode serves); the standbys drain"): (3, 4),
-    ("maintenance_host.yml", "Front door to the standby routers; the routers (and the temporary decode) drain"): (3, 8),
+    ("maintenance_host.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (4, 8)],
+    ("temporary_decode_in.yml", "Front door to the standby routers; the routers drain"): (3, 8),
+    ("temporary_decode_in.yml", "Front door to the routers (the temporary decode serves); the standbys drain"): (3, 4),
+    ("temporary_decode_out.yml", "Front door to the standby routers; the routers (and the temporary decode) drain"):
+        (3, 8),
+    ("upgrade_decode.yml", "Front door back to the routers, standby out"): (4, 8),
     ("maintenance_host.yml", "Front door back to the routers, standby out"): (4, 8),
     ("maintenance_host.yml", "Front door to the standby routers"): (1, 4),
     ("maintenance_host.yml", "Front door back to the routers"): (1, 4),
@@ -189,6 +193,7 @@ EXPECTED = {
 def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
     context = {"preflight_plan": B300, "upgrade_instance": _instances("prefill-0")[0],
                "upgrade_staging": _instances("prefill-0", "prefill-1"), "maintenance_lender": _instances("prefill-3")[0],
+               "temporary_lender": _instances("prefill-3")[0],
                "maintenance_instances": _instances("prefill-0", "prefill-1"), "maintenance_decode_turn": True,
                "maintenance_running": {"results": [{"stdout": "active", "item": {"name": "decode-temporary"}}]}}
     seen = {}
