@@ -104,7 +104,7 @@ from pdctl import collection, inventory
 from pdctl.lab import slow_start, stage
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission, rollout_plan
 
 ROOT = collection.root()
 INVENTORY = ROOT / "inventories" / "lab"
@@ -421,13 +421,11 @@ def measure(args, kills, tmp, result, driver):
 
 
 def admission_limit():
-    """The in-flight limit of the front door the clients reach: pdctl_frontdoor_max_inflight (with a virtual address
-    one front door takes every client and admits all of it)."""
+    """The in-flight limit of the front door the clients reach, by the front door's own rule (admission.share: with a
+    virtual address one front door takes every client and admits all of it)."""
     plan = inventory.plan(SERVING_INVENTORY)
-    limit = next(iter(inventory.load(SERVING_INVENTORY, names=("pdctl_frontdoor_max_inflight",)).values()))
-    limit = int(limit["vars"]["pdctl_frontdoor_max_inflight"])
-    hosts = 1 if plan["frontdoor"].get("vip") else len(plan["frontdoor"]["hosts"])
-    return limit // hosts
+    found = next(iter(inventory.load(SERVING_INVENTORY, names=("pdctl_frontdoor_max_inflight",)).values()))
+    return admission.share(plan["frontdoor"], found["vars"]["pdctl_frontdoor_max_inflight"])["inflight"]
 
 
 def by_capacity(outcomes, samples):
