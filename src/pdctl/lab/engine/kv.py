@@ -21,11 +21,14 @@ CHUNK = memoryview(bytes(1 << 20))
 
 class KVPullError(Exception):
     """A failed pull. compat_mismatch: the producer refused the handshake (another release);
-    remote_release: the producer's release identity when it said."""
+    remote_release: the producer's release identity when it said; unreachable: no answer came (connect
+    refused/reset/timed out, or the connection broke mid-transfer), unlike a reply that refused."""
 
-    def __init__(self, message: str, compat_mismatch: bool = False, remote_release: dict | None = None):
+    def __init__(self, message: str, compat_mismatch: bool = False, remote_release: dict | None = None,
+                 unreachable: bool = False):
         super().__init__(message)
         self.compat_mismatch, self.remote_release = compat_mismatch, remote_release
+        self.unreachable = unreachable
 
 
 def compat_hash(vllm_version: str, model: str, speculative_method: str) -> str:
@@ -154,16 +157,28 @@ async def serve_side_channel(host: str, port: int, leases: Leases, compat: str,
 
 
 async def pull(host: str, port: int, remote_request_id: str, remote_engine_id: str, compat: str,
-               timeout_s: float = 30.0, release: dict | None = None) -> int:
-    """Read the request's KV from the producer; returns the byte count or raises KVPullError."""
+               timeout_s: float = 30.0, release: dict | None = None, dead_peer_timeout_s: float = 0.0) -> int:
+    """Read the request's KV from the producer; returns the byte count or raises KVPullError.
+    dead_peer_timeout_s: a pull from an unreachable peer fails no sooner than this after it began
+    (the profile's faults.dead_peer_timeout_s; NIXL over UCX waits out its timeouts where TCP is refused)."""
     loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        return await _pull(loop, host, port, remote_request_id, remote_engine_id, compat, timeout_s, release)
+    except KVPullError as exc:
+        if exc.unreachable and dead_peer_timeout_s > 0:
+            await asyncio.sleep(max(0.0, began + dead_peer_timeout_s - loop.time()))
+        raise
+
+
+async def _pull(loop, host, port, remote_request_id, remote_engine_id, compat, timeout_s, release) -> int:
     conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     conn.setblocking(False)
     try:
         try:
             await asyncio.wait_for(loop.sock_connect(conn, await _resolve(loop, host, port)), timeout_s)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise KVPullError(f"NIXL handshake with {host}:{port} failed: {exc!r}") from None
+            raise KVPullError(f"NIXL handshake with {host}:{port} failed: {exc!r}", unreachable=True) from None
         await loop.sock_sendall(conn, json.dumps({"remote_request_id": remote_request_id,
                                                   "remote_engine_id": remote_engine_id,
                                                   "compat": compat,
@@ -179,10 +194,13 @@ async def pull(host: str, port: int, remote_request_id: str, remote_engine_id: s
         while got < nbytes:
             n = await asyncio.wait_for(loop.sock_recv_into(conn, buf), timeout_s)
             if n == 0:
-                raise KVPullError(f"KV transfer from {host}:{port} truncated at {got}/{nbytes} bytes")
+                raise KVPullError(f"KV transfer from {host}:{port} truncated at {got}/{nbytes} bytes",
+                                  unreachable=True)
             got += n
         return nbytes
-    except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+    except (OSError, asyncio.TimeoutError) as exc:  # reset, closed or silent: the peer went away
+        raise KVPullError(f"KV transfer from {host}:{port} failed: {exc!r}", unreachable=True) from None
+    except ValueError as exc:  # it answered, but not in our wire format
         raise KVPullError(f"KV transfer from {host}:{port} failed: {exc!r}") from None
     finally:
         conn.close()

@@ -24,6 +24,7 @@ DEFAULTS = {
         "leak_rss_mb_per_min": 0,
         "leak_rss_mb_per_request": 0,
         "slow_start_s": 0,
+        "dead_peer_timeout_s": 0,           # a KV pull from an unreachable peer fails after this long
     },
 }
 

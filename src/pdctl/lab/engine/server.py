@@ -117,6 +117,7 @@ class Engine:
         ans = profile["answers"]
         self.key = answers.AnswerKey(ans["key"], ans["correct_rate"], ans["mode"])
         self.faults = profile["faults"]
+        self.dead_peer_s = float(self.faults.get("dead_peer_timeout_s") or 0)
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         spec = (args.speculative_config or {}).get("method", "none")
@@ -265,7 +266,8 @@ class Engine:
                     t0 = loop.time()
                     nbytes = await kv.pull(kvp.get("remote_host"), int(kvp.get("remote_port")),
                                            kvp.get("remote_request_id", ""), kvp.get("remote_engine_id", ""),
-                                           self.compat, release=self.release)
+                                           self.compat, release=self.release,
+                                           dead_peer_timeout_s=self.dead_peer_s)
                     m.nixl_xfer_time.observe(key, loop.time() - t0)
                     m.nixl_bytes.observe(key, nbytes)
                 except (kv.KVPullError, TypeError, ValueError) as exc:
