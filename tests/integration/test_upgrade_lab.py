@@ -10,6 +10,7 @@ progress are refused, touching nothing. (The switch and its automatic rollback t
 benchmarks/upgrade.py --scenario release / bad-sla / bad-accuracy / release-interrupted; the last, with one
 kill, runs here.)"""
 import json
+import re
 import subprocess
 import sys
 
@@ -131,8 +132,8 @@ def test_decode_flag_change_rolls_behind_a_temporary_decode_and_loses_no_request
         print("decode flag upgrade: %s, prefill capacity min %s over %d samples"
               % (summary, capacity.minimum(), len(capacity.samples)))
         assert result.ok, result.failures
-        out = " ".join(_stdout(result).split())
-        assert "the decode behind a temporary decode on prefill-3's GPUs" in out
+        out = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", _stdout(result)).split())  # colours split wrapped lines
+        assert "the decode behind a temporary decode on prefill-3's GPUs" in out.replace("''", "'"), out[-2000:]
         after = main_pids()
         assert {n for n in before if before[n] != after[n]} == {"decode-0", "prefill-3"}, (before, after)
         assert "--shutdown-timeout 240" in on_host("lab-decode-0", "systemctl", "show", "-p", "ExecStart", "--value",
