@@ -78,10 +78,14 @@ def capacity(plan, without=(), prefill=None, decode=None):
         known[inst["name"]] = inst
         if inst.get("url"):
             known[inst["url"]] = inst
+    # A quarantined host's prefill instances leave the plan's instances (topology.quarantine) but not its
+    # capacity: they count as planned and out.
+    absent = {n for q in plan.get("quarantined") or () for n in q.get("instances") or () if n not in known}
 
     def resolve(refs, what):
         if isinstance(refs, (str, bytes, dict)):
             raise AdmissionError("%s must be a list of instance names or URLs, not %r" % (what, refs))
+        refs = [r for r in refs if r not in absent]
         unknown = sorted(str(r) for r in refs if r not in known)
         if unknown:
             raise AdmissionError("%s not in the plan: %s" % (what, ", ".join(unknown)))
@@ -97,7 +101,7 @@ def capacity(plan, without=(), prefill=None, decode=None):
     serving_prefill = [i for i in planned_prefill
                        if i["name"] in prefill_names and i["name"] not in decode_names | out]
     serving_decode = [i for i in instances if i["name"] in decode_names - out]
-    return {"prefill_in_service": len(serving_prefill), "prefill_total": len(planned_prefill),
+    return {"prefill_in_service": len(serving_prefill), "prefill_total": len(planned_prefill) + len(absent),
             "decode_gpus_in_service": sum(len(i["gpus"]) for i in serving_decode),
             "decode_gpus_total": sum(len(i["gpus"]) for i in planned_decode)}
 
