@@ -102,7 +102,7 @@ import yaml
 
 from pdctl import collection, inventory
 from pdctl.lab import slow_start, stage
-from pdctl.lab.load import FrontdoorCapacity, StreamLoad
+from pdctl.lab.load import FrontdoorCapacity, StreamLoad, vip_holder
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission, rollout_plan
 
@@ -672,10 +672,14 @@ def boot_marks():
 def vip_failures(moves, failed):
     """The failures of requests in flight when the run began to move the virtual address (each move), and every
     failure's start and end in seconds from the nearest move."""
+    detail = []
+    for o in failed if moves else []:
+        nearest = min(moves, key=lambda m: abs(o.start - m))
+        detail.append({"from_move_s": [round(o.start - nearest, 1), round(o.end - nearest, 1)],
+                       "error": (o.error or "")[:80]})
     return {"vip_moves": len(moves),
             "failed_at_vip_move": sum(1 for o in failed if any(o.start <= m <= o.end for m in moves)),
-            "failed_detail": [{"from_move_s": [round(o.start - m, 1), round(o.end - m, 1)], "error": (o.error or "")[:80]}
-                              for o in failed for m in [min(moves, key=lambda m: abs(o.start - m))] if moves]}
+            "failed_detail": detail}
 
 
 def kernel_scenario(result, load):
@@ -705,33 +709,18 @@ def kernel_scenario(result, load):
                   second_run_exit=again.rc)
     if again.rc or sum(again.changed.values()):
         problems.append("the second run exit %d changed %s" % (again.rc, again.changed))
-    holder = vip_holder()
-    result["vip_holder_after"] = holder
+    frontdoor = inventory.plan(SERVING_INVENTORY)["frontdoor"]
+    holder = result["vip_holder_after"] = vip_holder(frontdoor["vip"]["address"], frontdoor["hosts"])
     # keepalived's nopreempt leaves the address where the last move put it; the lab's tests expect it on the first
     # front door (the plan's order), so it goes back there: keepalived stops and starts again on the holder.
-    first = inventory.plan(SERVING_INVENTORY)["frontdoor"]["hosts"][0]
+    first = frontdoor["hosts"][0]
     if holder and holder != first:
-        on_lab_host(holder, "systemctl", "stop", "keepalived")
+        subprocess.run(["podman", "exec", holder, "systemctl", "stop", "keepalived"], check=True)
         deadline = time.monotonic() + 30
-        while vip_holder() != first and time.monotonic() < deadline:
+        while vip_holder(frontdoor["vip"]["address"], frontdoor["hosts"]) != first and time.monotonic() < deadline:
             time.sleep(0.5)
-        on_lab_host(holder, "systemctl", "start", "keepalived")
+        subprocess.run(["podman", "exec", holder, "systemctl", "start", "keepalived"], check=True)
     return problems
-
-
-def vip_holder():
-    """The front-door host that holds the virtual address now (None: none does)."""
-    plan = inventory.plan(SERVING_INVENTORY)
-    for host in plan["frontdoor"]["hosts"]:
-        out = subprocess.run(["podman", "exec", host, "ip", "-o", "addr", "show", "to", plan["frontdoor"]["vip"]["address"]],
-                             capture_output=True, text=True).stdout
-        if out.strip():
-            return host
-    return None
-
-
-def on_lab_host(host, *argv):
-    subprocess.run(["podman", "exec", host, *argv], check=True, capture_output=True)
 
 
 def driver_scenario(scenario, tmp, result):

@@ -159,6 +159,16 @@ print(json.dumps({"active": active, "prefill": sorted(prefill), "healthy": healt
 """
 
 
+def vip_holder(vip, hosts):
+    """Which of the lab's front-door hosts holds the virtual address now (None: none does)."""
+    for host in hosts:
+        proc = subprocess.run(["podman", "exec", host, "ip", "-o", "addr", "show", "to", vip],
+                              capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return host
+    return None
+
+
 class FrontdoorCapacity(threading.Thread):
     """Every second: how many healthy prefill instances the routers the front door sends to have. With vip (and
     the front-door hosts), the front door read is the one holding that address then (clients reach that one)."""
@@ -169,17 +179,9 @@ class FrontdoorCapacity(threading.Thread):
         self.samples, self.errors = [], []
         self._halt = threading.Event()
 
-    def _holder(self):
-        for host in self.hosts:
-            proc = subprocess.run(["podman", "exec", host, "ip", "-o", "addr", "show", "to", self.vip],
-                                  capture_output=True, text=True)
-            if proc.returncode == 0 and proc.stdout.strip():
-                return host
-        return None
-
     def sample(self) -> dict:
         """One reading now: {active, prefill, healthy, aggregated}; {} when the probe failed (its error is kept)."""
-        host = self._holder() if self.vip else self.frontdoor_host
+        host = vip_holder(self.vip, self.hosts) if self.vip else self.frontdoor_host
         if host is None:
             self.errors.append("no front door holds %s" % self.vip)
             return {}
