@@ -111,8 +111,10 @@ INVENTORY = ROOT / "inventories" / "lab"
 FRONTDOOR_HOST = "lab-decode-0"
 FRONTDOOR = "https://10.89.64.13:8443"
 DECODE_METRICS = "http://10.89.64.13:8100/metrics"
-# A release switch's temporary decode runs on the staging host's second prefill instance's port.
+# A release switch's temporary decode runs on the staging host's second prefill instance's port; a decode
+# change's (and the decode host's turn's) on the last prefill instance's, prefill-3.
 TEMPORARY_DECODE_METRICS = "http://10.89.64.11:8101/metrics"
+LENDER_DECODE_METRICS = "http://10.89.64.12:8101/metrics"
 CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy",
                      "release-interrupted": "bad-sla"}
@@ -153,30 +155,32 @@ def instance_metrics(url, timeout):
     return res.stdout
 
 
-class CrossReleasePairs(threading.Thread):
-    """A decode's count of KV pulls refused across releases (pdctl_lab_cross_release_pairs_total), read
-    every second: the counter lives as long as the process, and a switch restarts the decode (and
-    starts and stops the temporary one), so each process's count is kept apart, from what it had
-    counted when the benchmark first saw it."""
+class DecodeCounter(threading.Thread):
+    """A counter of the decode processes at `url` (the lab's decode, or a temporary decode on a prefill
+    instance's port; a process that is not a KV consumer is not counted), read every second: the counter
+    lives as long as the process, and an upgrade restarts the decode (and starts and stops the temporary
+    one), so each process's count is kept apart, from what it had counted when the benchmark first saw it.
+    Counted: `metric` (pdctl_lab_cross_release_pairs_total: KV pulls refused across releases;
+    vllm:nixl_num_failed_transfers_total: KV pulls that failed, a handshake's timeout included)."""
 
-    def __init__(self, url):
+    def __init__(self, url, metric):
         super().__init__(daemon=True)
-        self.url, self.pairs, self._seen, self._base = url, 0, {}, {}
+        self.url, self.metric, self.count, self._seen, self._base = url, metric, 0, {}, {}
         self._halt = threading.Event()
 
     def run(self):
         first = True
+        pattern = re.compile(r"^%s(?:\{[^}]*\})? (\S+)$" % re.escape(self.metric), re.M)
         while not self._halt.is_set():
             try:
                 text = instance_metrics(self.url, 3)
                 if "kv_consumer" in text or "pdctl_lab_cross_release_pairs_total" in text:
                     pid = (re.findall(r"^process_start_time_seconds (\S+)$", text, re.M) or ["?"])[0]
-                    count = sum(float(v) for v in re.findall(
-                        r"^pdctl_lab_cross_release_pairs_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+                    count = sum(float(v) for v in pattern.findall(text))
                     if first:
                         self._base[pid] = count
                     self._seen[pid] = count
-                    self.pairs = int(sum(c - self._base.get(p, 0) for p, c in self._seen.items()))
+                    self.count = int(sum(c - self._base.get(p, 0) for p, c in self._seen.items()))
             except httpx.HTTPError:
                 pass
             first = False
@@ -366,9 +370,12 @@ def measure(args, kills, tmp, result, driver):
     sampler = FrontdoorCapacity(FRONTDOOR_HOST, vip=vip["address"] if vip else None,
                                 hosts=inventory.plan(SERVING_INVENTORY)["frontdoor"]["hosts"])
     sampler.start()
-    decode_pairs, watcher = CrossReleasePairs(DECODE_METRICS), CrossReleasePairs(TEMPORARY_DECODE_METRICS)
-    decode_pairs.start()
-    watcher.start()
+    decode_pairs = DecodeCounter(DECODE_METRICS, "pdctl_lab_cross_release_pairs_total")
+    watcher = DecodeCounter(TEMPORARY_DECODE_METRICS, "pdctl_lab_cross_release_pairs_total")
+    kv_failures = [DecodeCounter(url, "vllm:nixl_num_failed_transfers_total")
+                   for url in (DECODE_METRICS, TEMPORARY_DECODE_METRICS, LENDER_DECODE_METRICS)]
+    for counter in [decode_pairs, watcher] + kv_failures:
+        counter.start()
     time.sleep(2)  # each sampler's first reading is its baseline
     # The kernel scenario reboots the host behind FRONTDOOR: its clients use the virtual address, as real ones do.
     url = inventory.plan(SERVING_INVENTORY)["frontdoor"]["url"] if args.scenario == "kernel" else FRONTDOOR
@@ -389,17 +396,18 @@ def measure(args, kills, tmp, result, driver):
             problems += release_scenario(args.scenario, tmp, result, before, kills)
         time.sleep(3)
     sampler.stop()
-    watcher.stop()
-    decode_pairs.stop()
+    for counter in [decode_pairs, watcher] + kv_failures:
+        counter.stop()
     summary = load.summary()
     if args.scenario == "kernel":
         result.update(vip_failures(result.pop("vip_moves", []), load.failed()))
     result.update(requests=summary["requests"], failed_requests=summary["failed_requests"],
                   failed_by_kind=summary["failed_by_kind"],
-                  cross_release_pairs=decode_pairs.pairs,
+                  cross_release_pairs=decode_pairs.count,
+                  kv_pull_failures=sum(c.count for c in kv_failures),
                   min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples),
                   by_capacity=by_capacity(load.outcomes, sampler.samples),
-                  temporary_decode_cross_release_pairs=watcher.pairs)
+                  temporary_decode_cross_release_pairs=watcher.count)
     # A kernel update's turn of the host holding the virtual address ends the streams open on its front door (at
     # most one per client); any other failure is a fault.
     excused = (min(result.get("failed_at_vip_move") or 0, args.clients * result.get("vip_moves", 0))
@@ -416,9 +424,13 @@ def measure(args, kills, tmp, result, driver):
     if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < floor:
         problems.append("prefill capacity fell to %s of %d (floor %d)" % (result["min_prefill_capacity"],
                                                                          result["prefill_total"], floor))
-    if result["cross_release_pairs"] or watcher.pairs:
+    if result["cross_release_pairs"] or watcher.count:
         problems.append("%d KV pulls across releases (%d at the temporary decode)"
-                        % (result["cross_release_pairs"] + watcher.pairs, watcher.pairs))
+                        % (result["cross_release_pairs"] + watcher.count, watcher.count))
+    # A pull that fails is recomputed (kv_load_failure_policy) after its wait: no client sees an error, but a
+    # handshake that times out costs its TTFT seconds (a temporary decode the firewall kept from a prefill host).
+    if result["kv_pull_failures"] and "interrupted" not in args.scenario:
+        problems.append("%d KV pulls failed" % result["kv_pull_failures"])
     # The plan's estimate beside the measured run (issue 41: within 25%).
     result["estimate_s"] = estimate(args.scenario)
     if result["estimate_s"] and result["upgrade_s"]:

@@ -202,6 +202,16 @@ def rules(plan, inputs):
     pool_hosts = {pool: sorted({i["host"] for i in instances if i["pool"] == pool}) for pool in ("prefill", "decode")}
     other_pool = {"prefill": "decode", "decode": "prefill"}
     serving_hosts = sorted({i["host"] for i in instances})
+
+    def kv_peers(pool, host):
+        """The hosts that move KV with a `pool` instance on `host`: the other pool's, and for a prefill
+        instance every other prefill host too. While the decode restarts (a decode change, the decode host's
+        maintenance) a temporary decode on one prefill instance's GPUs pulls KV from every other prefill
+        instance; which one lends can change with a quarantine, so any prefill host may pull."""
+        peers = set(pool_hosts[other_pool[pool]])
+        if pool == "prefill":
+            peers |= set(pool_hosts["prefill"]) - {host}
+        return sorted(peers)
     routers = _routers(plan)
     router_hosts = [r["host"] for r in routers]
     if monitoring_host and monitoring_host not in router_hosts:
@@ -237,7 +247,7 @@ def rules(plan, inputs):
                        [inputs.get("ssh_port", 22)], admin),
         ]
         for inst in (i for i in instances if i["host"] == host):
-            peers = pool_hosts[other_pool[inst["pool"]]]
+            peers = kv_peers(inst["pool"], host)
             # The front doors ask a decode instance's /health themselves (haproxy.cfg.j2, be_check_*).
             callers = router_hosts + [h for h in frontdoor["hosts"] if h not in router_hosts and inst["pool"] == "decode"]
             ruleset.append(_port_rule(
@@ -249,28 +259,27 @@ def rules(plan, inputs):
                                                       else "router hosts", ", ".join(callers)),
                 [inst["api_port"]], of(callers) + own))
             ruleset.append(_port_rule(
-                "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the %s hosts (%s)"
-                % (inst["name"], other_pool[inst["pool"]], ", ".join(peers)),
-                [_span(*inst["side_channel_ports"])], of(peers)))
+                "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the hosts that pull its KV (%s)"
+                % (inst["name"], ", ".join(peers)), [_span(*inst["side_channel_ports"])], of(peers)))
             ruleset.append(_port_rule(
                 "%s dp rpc" % inst["name"], "%s's data-parallel RPC: the host itself only" % inst["name"],
                 [inst["dp_rpc_port"]], own))
         for pool, peers_pool in other_pool.items():
             if host not in pool_hosts[pool]:
                 continue
-            peers = pool_hosts[peers_pool]
+            peers = kv_peers(pool, host)
             if kv_tcp:
                 # UCX over TCP (no RDMA, as in the lab) listens on ephemeral ports on both sides and either
-                # side may connect: allow that range from the other pool's hosts. On RDMA the KV data path is
-                # not IP at all (the kernel's firewall never sees it), so production opens nothing here.
+                # side may connect: allow that range from the KV peers. On RDMA the KV data path is not IP at
+                # all (the kernel's firewall never sees it), so production opens nothing here.
                 ruleset.append(_port_rule(
-                    "kv tcp", "KV data path over UCX's TCP transport (ephemeral ports) from the %s hosts (%s)"
-                    % (peers_pool, ", ".join(peers)), [kv_tcp], of(peers)))
-            if host in kv_check:
+                    "kv tcp", "KV data path over UCX's TCP transport (ephemeral ports) from the hosts it "
+                    "moves KV with (%s)" % ", ".join(peers), [kv_tcp], of(peers)))
+            if pool == "prefill" and host in kv_check:
                 ports = sorted(kv_check[host])
                 ruleset.append(_port_rule(
                     "kv path check", "KV-path check listeners (verify_kv_path.yml) from the decode hosts",
-                    [_span(ports[0], ports[-1])], of(peers)))
+                    [_span(ports[0], ports[-1])], of(pool_hosts["decode"])))
         if host in serving_hosts and inputs.get("model_fanout_port") is not None:
             ruleset.append(_port_rule(
                 "model fanout", "model weights fan-out from the seed host to the other serving hosts",

@@ -103,11 +103,13 @@ def test_prometheus_off_the_router_hosts_is_refused(lab_plan):
         firewall.rules(lab_plan, lab_inputs(monitoring_host="lab-prefill-0"))
 
 
-def test_lab_side_channels_only_from_the_other_pool(lab_plan):
+def test_lab_side_channels_only_from_the_hosts_that_pull_kv(lab_plan):
+    # A prefill instance's: the decode host, and the other prefill host, whose instance may lend its GPUs to a
+    # temporary decode that pulls from every other prefill instance (a decode change, the decode host's turn).
     rules = firewall.rules(lab_plan, lab_inputs())
     for port in (5600, 5603, 5604, 5607):          # prefill-0/2: 5600-5603, prefill-1/3: 5604-5607 (DP4 each)
-        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13"}
-        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13"}
+        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13", "10.89.64.12"}
+        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
     for port in (5600, 5607):                      # decode-0: DP8
         assert who(rules, "lab-decode-0", port, EVERYONE) == {"10.89.64.11", "10.89.64.12"}
     assert who(rules, "lab-decode-0", 5608, EVERYONE) == set()
@@ -121,12 +123,13 @@ def test_lab_dp_rpc_ports_only_from_the_host_itself(lab_plan):
     assert who(rules, "lab-decode-0", 13345, EVERYONE) == {"10.89.64.13"}
 
 
-def test_lab_kv_over_tcp_opens_ephemeral_ports_between_the_pools_only(lab_plan):
-    # No RDMA in the lab: UCX moves KV over TCP on ephemeral ports, in both directions.
+def test_lab_kv_over_tcp_opens_ephemeral_ports_between_kv_peers_only(lab_plan):
+    # No RDMA in the lab: UCX moves KV over TCP on ephemeral ports, in both directions; between prefill hosts
+    # too (a temporary decode on one of them).
     rules = firewall.rules(lab_plan, lab_inputs())
     for port in (32768, 45000, 60999):
-        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13"}
-        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13"}
+        assert who(rules, "lab-prefill-0", port, EVERYONE) == {"10.89.64.13", "10.89.64.12"}
+        assert who(rules, "lab-prefill-1", port, EVERYONE) == {"10.89.64.13", "10.89.64.11"}
         assert who(rules, "lab-decode-0", port, EVERYONE) == {"10.89.64.11", "10.89.64.12"}
     assert who(rules, "lab-decode-0", 61000, EVERYONE) == set()
     # The KV-path check's listeners: one per checked prefill GPU (per socket: 2 per prefill host).
@@ -221,7 +224,8 @@ def test_b300_rules(b300_plan):
     admin = "203.0.113.9"
     assert who(rules, "b300-decode-0", 8100, every) == {"192.0.2.13", "192.0.2.11"}  # the router hosts only
     assert who(rules, "b300-prefill-0", 8101, every) == {"192.0.2.13", "192.0.2.11"}
-    assert who(rules, "b300-prefill-1", 5607, every) == {"192.0.2.13"}
+    assert who(rules, "b300-prefill-1", 5607, every) == {"192.0.2.13", "192.0.2.11"}  # decode, the other prefill host
+    assert who(rules, "b300-prefill-0", 5600, every) == {"192.0.2.13", "192.0.2.12"}
     assert who(rules, "b300-decode-0", 5600, every) == {"192.0.2.11", "192.0.2.12"}
     assert who(rules, "b300-prefill-1", 13346, every) == {"192.0.2.12"}
     for host in B300:
@@ -350,7 +354,7 @@ def test_rendered_rules_replace_only_their_own_table(rendered):
 
 def test_rendered_lab_file_names_each_rule(rendered):
     text = (rendered["lab"] / "lab-prefill-0/etc/nftables.conf").read_text()
-    assert "ip saddr { 10.89.64.13 } tcp dport { 5600-5603 } accept" in text
+    assert "ip saddr { 10.89.64.12, 10.89.64.13 } tcp dport { 5600-5603 } accept" in text
     assert "ip saddr { 10.89.64.11 } tcp dport { 13345 } accept" in text
     assert "UCX" in text and "32768-60999" in text
     b300 = (rendered["b300"] / "b300-prefill-0/etc/nftables.conf").read_text()
