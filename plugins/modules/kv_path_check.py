@@ -79,9 +79,11 @@ options:
     type: dict
     default: {}
   python:
-    description: Interpreter that can import nixl (and torch for VRAM).
+    description:
+      - Interpreter that can import nixl (and torch for VRAM).
+      - The serving venv's, C(bin/python) under C(current) in C(pdctl_paths.venvs); playbooks/verify_kv_path.yml passes it.
     type: path
-    default: /opt/pdctl/venvs/current/bin/python
+    required: true
   label:
     description:
       - Name of the path in messages and results, replacing the default C(host -> peer); the KV-path check
@@ -96,11 +98,13 @@ extends_documentation_fragment:
 EXAMPLES = r"""
 - name: Loopback on one host (VRAM on a GPU host)
   pdctl.vllm_pd.kv_path_check:
+    python: "{{ pdctl_paths.venvs }}/current/bin/python"
     role: loopback
     min_bandwidth_gbps: 100
 
 - name: Decode host listens (in the background) ...
   pdctl.vllm_pd.kv_path_check:
+    python: "{{ pdctl_paths.venvs }}/current/bin/python"
     role: listener
     port: 5655
     host_label: "{{ inventory_hostname }}"
@@ -111,6 +115,7 @@ EXAMPLES = r"""
 
 - name: ... and each prefill host pushes to it over RDMA
   pdctl.vllm_pd.kv_path_check:
+    python: "{{ pdctl_paths.venvs }}/current/bin/python"
     role: initiator
     op: WRITE
     peer: "{{ hostvars[groups['decode'][0]].ansible_host }}"
@@ -122,6 +127,7 @@ EXAMPLES = r"""
 
 - name: Decode pulls GPU 4's blocks from a prefill instance through that instance's NICs
   pdctl.vllm_pd.kv_path_check:
+    python: "{{ pdctl_paths.venvs }}/current/bin/python"
     role: initiator
     op: READ
     mem: VRAM
@@ -193,7 +199,7 @@ def build_module():
             min_bandwidth_gbps=dict(type="float", default=10.0),
             expect_rdma=dict(type="bool", default=False),
             ucx_env=dict(type="dict", default={}),
-            python=dict(type="path", default="/opt/pdctl/venvs/current/bin/python"),
+            python=dict(type="path", required=True),
             host_label=dict(type="str"),
             label=dict(type="str"),
         ),

@@ -49,9 +49,10 @@ options:
     type: int
     default: 256
   python:
-    description: Interpreter with torch, used in bandwidth mode.
+    description:
+      - Interpreter with torch, used in bandwidth mode (and required there), e.g. the serving venv's, C(bin/python)
+        under C(current) in C(pdctl_paths.venvs).
     type: path
-    default: /opt/pdctl/venvs/current/bin/python
   nvidia_smi:
     description: Path or name of the nvidia-smi binary.
     type: str
@@ -77,6 +78,7 @@ EXAMPLES = r"""
   pdctl.vllm_pd.nvlink_check:
     mode: bandwidth
     min_bandwidth_gbps: 500
+    python: "{{ pdctl_paths.venvs }}/current/bin/python"
 """
 
 RETURN = r"""
@@ -130,10 +132,11 @@ def build_module():
             fabric_manager_version=dict(type="str"),
             min_bandwidth_gbps=dict(type="float", default=300.0),
             size_mb=dict(type="int", default=256),
-            python=dict(type="path", default="/opt/pdctl/venvs/current/bin/python"),
+            python=dict(type="path"),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             host_label=dict(type="str"),
         ),
+        required_if=[("mode", "bandwidth", ("python",))],
         supports_check_mode=True,
     )
 

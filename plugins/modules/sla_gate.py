@@ -75,7 +75,7 @@ EXAMPLES = r"""
   pdctl.vllm_pd.sla_gate:
     router_url: "{{ pdctl_plan.frontdoor.url }}"
     exec_prefix: [ssh, -o, BatchMode=yes, "{{ groups['decode'][0] }}"]
-    client: [/opt/pdctl/vllm/bin/vllm, bench, serve]
+    client: ["{{ pdctl_paths.venvs }}/current/bin/vllm", bench, serve]
     capacity: {enabled: true, max: 128}
     artifacts_dir: "{{ playbook_dir }}/../artifacts/gates/{{ ansible_date_time.iso8601_basic_short }}"
   delegate_to: localhost

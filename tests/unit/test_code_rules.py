@@ -37,3 +37,26 @@ def test_no_import_path_edits_and_no_root_discovery(path):
              for n, line in enumerate(path.read_text().splitlines(), 1)
              for rx, why in RULES if rx.search(line)]
     assert not found, "\n".join(found)
+
+
+# Issue 36, acceptance 4: where pdctl puts its files on a host is written once, in the defaults layer
+# (roles/pdctl_defaults: pdctl_paths); roles, playbooks and modules name it, never the paths themselves.
+PATHS_HOME = ROOT / "roles" / "pdctl_defaults"
+PATH_LITERAL = re.compile(r"/(opt|etc)/pdctl(?![\w.-])")
+PATH_SOURCES = sorted(p for top in ("roles", "playbooks", "plugins") for p in (ROOT / top).rglob("*")
+                      if p.is_file() and PATHS_HOME not in p.parents and "__pycache__" not in p.parts)
+
+
+def test_the_path_rule_catches_what_it_names():
+    for line in ("dest: /etc/pdctl/{{ item.name }}.env", "path: /opt/pdctl", 'default="/opt/pdctl/venvs/current/bin/python"'):
+        assert PATH_LITERAL.search(line), line
+    for line in ('dest: "{{ pdctl_paths.config_dir }}/x.env"', "/etc/pdctl-store.gpg", "/opt/pdctlx"):
+        assert not PATH_LITERAL.search(line), line
+    assert (PATHS_HOME / "defaults" / "main.yml").is_file() and PATH_SOURCES
+
+
+def test_pdctl_paths_are_written_only_in_the_defaults_layer():
+    found = ["%s:%d: %s" % (path.relative_to(ROOT), n, line.strip())
+             for path in PATH_SOURCES
+             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if PATH_LITERAL.search(line)]
+    assert not found, "write pdctl_paths (roles/pdctl_defaults/defaults/main.yml) instead of:\n" + "\n".join(found)
