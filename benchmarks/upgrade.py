@@ -27,6 +27,10 @@ Scenarios:
            last prefill instance and starts a temporary decode on its GPUs, the routers pair the other three with
            it, the decode restarts on its new unit, then everything goes back (upgrade_decode.yml); a second run
            (nothing to do) and a third that restores the inventory's flag, under the same load.
+  decode-flag-interrupted
+           decode-flag, with the playbook killed (SIGKILL to its process group) three times, each in a run that
+           resumes the one before from the decode host's turn record: while the temporary decode starts, while
+           the decode restarts on its new unit, while the lender starts again; the fourth run completes.
   flag     a flag of the prefill pool changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml rolls
            the four prefill instances one at a time; then a second run (nothing to do) and a third that
            restores the inventory's flag, under the same load.
@@ -119,7 +123,14 @@ CA = str(ROOT / ".lab" / "tls" / "ca.pem")
 RELEASE_SCENARIOS = {"release": "B", "bad-sla": "bad-sla", "bad-accuracy": "bad-accuracy",
                      "release-interrupted": "bad-sla"}
 DRIVER_SCENARIOS = ["driver", "driver-link-down", "kernel"]
-SCENARIOS = ["flag", "flag-interrupted", "flag-bad-sla", "decode-flag"] + sorted(RELEASE_SCENARIOS) + DRIVER_SCENARIOS
+SCENARIOS = (["flag", "flag-interrupted", "flag-bad-sla", "decode-flag", "decode-flag-interrupted"]
+             + sorted(RELEASE_SCENARIOS) + DRIVER_SCENARIOS)
+# decode-flag-interrupted: where each run is killed (a task header of that run's output, then seconds). A resumed
+# run goes through the temporary decode's steps again (each a no-op where done), so each point is in the next
+# phase: the way in, the decode's restart, the way out.
+DECODE_KILLS = [("while the temporary decode starts", [r"^TASK \[.*The temporary decode runs\]"], 0.3),
+                ("while the decode restarts", [r"^TASK \[Instance runs its unit: decode-0\]"], 0.3),
+                ("while the lender starts again", [r"^TASK \[Instance runs its unit: prefill-3\]"], 0.3)]
 # flag-bad-sla: the prefill instances' engine profile, with prefill 200x slower than the lab's.
 SLOW_PREFILL_PROFILE = "/etc/pdctl/engine/profile-slow-prefill.yml"
 # The host whose GPUs come back from the new driver with a link down (driver-link-down).
@@ -384,7 +395,7 @@ def measure(args, kills, tmp, result, driver):
     timeout = {"timeout": 30} if args.scenario == "kernel" else {}
     with StreamLoad(url, client_key(), clients=args.clients, verify=CA, **timeout) as load:
         time.sleep(3)
-        if args.scenario in ("flag", "flag-interrupted", "decode-flag"):
+        if args.scenario in ("flag", "flag-interrupted", "decode-flag", "decode-flag-interrupted"):
             problems += flag_scenario(args.scenario, tmp, result)
         elif args.scenario == "flag-bad-sla":
             problems += flag_bad_sla_scenario(tmp, result)
@@ -401,6 +412,7 @@ def measure(args, kills, tmp, result, driver):
     summary = load.summary()
     if args.scenario == "kernel":
         result.update(vip_failures(result.pop("vip_moves", []), load.failed()))
+        restore_vip(result)
     result.update(requests=summary["requests"], failed_requests=summary["failed_requests"],
                   failed_by_kind=summary["failed_by_kind"],
                   cross_release_pairs=decode_pairs.count,
@@ -429,7 +441,8 @@ def measure(args, kills, tmp, result, driver):
                         % (result["cross_release_pairs"] + watcher.count, watcher.count))
     # A pull that fails is recomputed (kv_load_failure_policy) after its wait: no client sees an error, but a
     # handshake that times out costs its TTFT seconds (a temporary decode the firewall kept from a prefill host).
-    if result["kv_pull_failures"] and "interrupted" not in args.scenario:
+    # (A release switch killed mid-switch may leave a pull across releases, counted on its own above.)
+    if result["kv_pull_failures"] and args.scenario != "release-interrupted":
         problems.append("%d KV pulls failed" % result["kv_pull_failures"])
     # The plan's estimate beside the measured run (issue 41: within 25%).
     result["estimate_s"] = estimate(args.scenario)
@@ -485,6 +498,9 @@ def end_state_problems(sampler):
                                capture_output=True, text=True).stdout.strip()
         if state != "not-found":
             problems.append("%s left on %s (%s)" % (unit, host, state))
+    # A decode change (or the decode host's maintenance turn) removes its record when it is done.
+    if subprocess.run(["podman", "exec", FRONTDOOR_HOST, "test", "-e", "/var/lib/pdctl/maintenance-turn.json"]).returncode == 0:
+        problems.append("the decode host's turn record is left (/var/lib/pdctl/maintenance-turn.json)")
     return problems
 
 
@@ -495,7 +511,15 @@ def flag_scenario(scenario, tmp, result):
         # instance), each time re-run; the last run completes.
         for after in (8, 30, 45):
             took_killed += run_upgrade(flag_vars(tmp), "upgrade killed at %d s" % after, kill_after=after).took
-    pool = "decode" if scenario == "decode-flag" else "prefill"
+    if scenario == "decode-flag-interrupted":
+        result["killed_in"] = []
+        for label, marks, after in DECODE_KILLS:
+            killed = run_upgrade(flag_vars(tmp, "decode"), "upgrade killed %s" % label, kill_at=(marks, after))
+            took_killed += killed.took
+            result["killed_in"].append(killed.killed_in.strip(" *") if killed.killed_in else None)
+            if not killed.killed_in:
+                problems.append("the run was not killed %s (exit %d)" % (label, killed.rc))
+    pool = "decode" if scenario.startswith("decode-flag") else "prefill"
     up = run_upgrade(flag_vars(tmp, pool), "upgrade (%s flag)" % pool)
     result["upgrade_s"] = round(up.took + took_killed, 1)
     again = run_upgrade(flag_vars(tmp, pool), "second run (same target)")
@@ -721,10 +745,15 @@ def kernel_scenario(result, load):
                   second_run_exit=again.rc)
     if again.rc or sum(again.changed.values()):
         problems.append("the second run exit %d changed %s" % (again.rc, again.changed))
+    return problems
+
+
+def restore_vip(result):
+    """keepalived's nopreempt leaves the address where the last move put it; the lab's tests expect it on the first
+    front door (the plan's order), so it goes back there: keepalived stops and starts again on the holder. Once the
+    load has ended: this move too ends the streams open on the holder's front door."""
     frontdoor = inventory.plan(SERVING_INVENTORY)["frontdoor"]
     holder = result["vip_holder_after"] = vip_holder(frontdoor["vip"]["address"], frontdoor["hosts"])
-    # keepalived's nopreempt leaves the address where the last move put it; the lab's tests expect it on the first
-    # front door (the plan's order), so it goes back there: keepalived stops and starts again on the holder.
     first = frontdoor["hosts"][0]
     if holder and holder != first:
         subprocess.run(["podman", "exec", holder, "systemctl", "stop", "keepalived"], check=True)
@@ -732,7 +761,6 @@ def kernel_scenario(result, load):
         while vip_holder(frontdoor["vip"]["address"], frontdoor["hosts"]) != first and time.monotonic() < deadline:
             time.sleep(0.5)
         subprocess.run(["podman", "exec", holder, "systemctl", "start", "keepalived"], check=True)
-    return problems
 
 
 def driver_scenario(scenario, tmp, result):

@@ -259,7 +259,7 @@ def rules(plan, inputs):
                                                       else "router hosts", ", ".join(callers)),
                 [inst["api_port"]], of(callers) + own))
             ruleset.append(_port_rule(
-                "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the hosts that pull its KV (%s)"
+                "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the hosts it moves KV with (%s)"
                 % (inst["name"], ", ".join(peers)), [_span(*inst["side_channel_ports"])], of(peers)))
             ruleset.append(_port_rule(
                 "%s dp rpc" % inst["name"], "%s's data-parallel RPC: the host itself only" % inst["name"],

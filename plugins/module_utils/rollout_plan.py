@@ -22,15 +22,20 @@ KINDS = ("prefill", "release", "maintenance")
 
 # Every part of the timing model, in seconds. `drain_s` is what the estimate counts for one wait on
 # streams in flight; `drain_bound_s` is the longest such a wait may last (the longest stream the SLA
-# allows): the estimate's upper figure counts every drain at its bound.
+# allows): the estimate's upper figure counts every drain at its bound. The front door's moves are the
+# drains (upgrade_frontdoor_away.yml waits for the routers' streams, _home.yml for the standbys'); an
+# instance stops only after the routers that sent to it have drained, so its own idle check is part of
+# `engine_stop_s`.
 TIMING_KEYS = {
     "run_s": "a run's fixed work: preflight, reading the hosts, checking every argv, writing units",
     "release_stage_s": "installing a new release's venv on every host (in parallel)",
-    "router_ready_s": "a router or its standby (re)starts and answers /health",
+    "router_ready_s": "a router or its standby (re)starts and answers /health (the upgrade's plays restart every "
+                      "router host's at once; maintenance and a decode change one router host after the other)",
     "frontdoor_s": "the front door moves between routers and standbys (runtime API, health checks)",
-    "drain_s": "one wait for the streams in flight to finish (expected)",
+    "drain_s": "one wait for the streams in flight to finish (expected): every move of the front door waits for "
+               "the streams of the routers (or standbys) it left",
     "drain_bound_s": "one wait for the streams in flight to finish (at most)",
-    "engine_stop_s": "an instance stops after its drain",
+    "engine_stop_s": "an instance stops: its own idle check (the routers it served have drained) and the stop",
     "engine_ready_s": "an instance starts until /health answers (model load, compile, CUDA graphs)",
     "canary_s": "one canary request",
     "gates_s": "the SLA and accuracy gates through the front door",
@@ -75,11 +80,18 @@ def _gpus(instances):
 
 class _Steps:
     """Collects steps; `t` is the timing model, `drains` counts the drain waits of the current step;
-    `admission` the front door's full limits ({'inflight', 'queue'}) or None."""
+    `admission` the front door's full limits ({'inflight', 'queue'}) or None. `routers_in_turn` is what one
+    membership change of playbooks/tasks/maintenance_routers.yml waits on (maintenance, a temporary decode):
+    each router host's router (or standby) restarts in turn; `canaries` one canary through each router."""
+
+    # A move of the front door (upgrade_frontdoor_away.yml / _home.yml) and the drain of what it left.
+    AWAY = HOME = ["frontdoor_s", "drain_s"]
 
     def __init__(self, plan, timing, admission=None):
         self.t = check_timing(timing)
         self.admission = admission
+        routers = max(1, len(plan.get("routers") or ()))
+        self.routers_in_turn, self.canaries = ["router_ready_s"] * routers, ["canary_s"] * routers
         self.prefill = sorted((i for i in plan["instances"] if i["pool"] == "prefill"), key=lambda i: i["name"])
         self.decode = [i for i in plan["instances"] if i["pool"] == "decode"]
         self.steps = []
@@ -101,6 +113,21 @@ class _Steps:
         self.steps.append(step)
 
 
+    def temporary_decode_in(self):
+        """playbooks/tasks/temporary_decode_in.yml: standbys without the lender, the front door to them (a
+        drain), the lender drains and stops, the temporary decode starts, the routers pair the other prefill
+        instances with it, a canary through each, the front door back to them."""
+        return (self.routers_in_turn + self.AWAY + ["engine_stop_s", "engine_ready_s"]
+                + self.routers_in_turn + self.canaries + self.HOME)
+
+    def temporary_decode_out(self):
+        """temporary_decode_out.yml and the routers' way home: standbys with the decode back, the front door to
+        them (a drain), the temporary decode stops, the lender starts (a canary); the routers on the plan's
+        membership take the front door back."""
+        return (self.routers_in_turn + self.AWAY + ["engine_stop_s", "engine_ready_s", "canary_s"]
+                + self.routers_in_turn + self.HOME)
+
+
 def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
     """A change of instances' flags or environment: prefill instances rolled one at a time behind the standby
     routers (playbooks/tasks/upgrade_instance.yml), then a decode instance behind a temporary decode
@@ -117,25 +144,22 @@ def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
           ["run_s"], n, dgpus)
     for inst in todo:
         s.add("%s out: the standby router without it takes the front door, the routers' streams finish"
-              % inst["name"], ["router_ready_s", "frontdoor_s", "drain_s"], n - 1, dgpus)
+              % inst["name"], ["router_ready_s"] + s.AWAY, n - 1, dgpus)
         s.add("%s restarts on its new unit: a canary on the old one, stop, load, /health, the same canary" % inst["name"],
               ["canary_s", "engine_stop_s", "engine_ready_s", "canary_s"], n - 1, dgpus)
         s.add("%s back: the routers take the front door, the standby drains and leaves" % inst["name"],
-              ["frontdoor_s"], n, dgpus)
+              s.HOME, n, dgpus)
     for inst in decode:
         lender = s.prefill[-1]
         s.add("%s out: %s leaves the routers, drains and stops; a temporary decode starts on its GPUs; the routers "
               "pair the other prefill instances with it, a canary, the front door back to them"
-              % (inst["name"], lender["name"]),
-              ["router_ready_s", "frontdoor_s", "drain_s", "engine_stop_s", "engine_ready_s", "router_ready_s",
-               "canary_s", "frontdoor_s"], n - 1, len(lender["gpus"]))
-        s.add("%s restarts on its new unit: a canary on the old one, its streams finish, stop, load, /health, the "
-              "same canary" % inst["name"], ["canary_s", "drain_s", "engine_stop_s", "engine_ready_s", "canary_s"],
+              % (inst["name"], lender["name"]), s.temporary_decode_in(), n - 1, len(lender["gpus"]))
+        s.add("%s restarts on its new unit: a canary on the old one, stop once idle, load, /health, the "
+              "same canary" % inst["name"], ["canary_s", "engine_stop_s", "engine_ready_s", "canary_s"],
               n - 1, len(lender["gpus"]))
         s.add("%s back: the standby routers take the front door with it; the temporary decode stops, %s starts "
               "again; the routers on the plan's membership take the front door back" % (inst["name"], lender["name"]),
-              ["router_ready_s", "frontdoor_s", "drain_s", "engine_stop_s", "engine_ready_s", "canary_s",
-               "router_ready_s", "frontdoor_s"], n, dgpus)
+              s.temporary_decode_out(), n, dgpus)
     if gated and (todo or decode):
         s.add("the gates (SLA, accuracy) through the front door; a failure rolls the same instances back, one at a "
               "time, to the configuration before the change", ["gates_s"], n, dgpus)
@@ -164,12 +188,12 @@ def release_steps(plan, timing, gated=True, admission=None):
     s.add("preflight, read the hosts; every host installs the new release's venv beside the old one and "
           "checks every argv (nothing restarts)", ["run_s", "release_stage_s"], n, dgpus)
     s.add("%s leaves the old pool: the standby router without its instances takes the front door, "
-          "the routers' streams finish" % host, ["router_ready_s", "frontdoor_s", "drain_s"], n - len(staged), dgpus)
+          "the routers' streams finish" % host, ["router_ready_s"] + s.AWAY, n - len(staged), dgpus)
     s.add("%s switches: its instances stop; %s starts on the new release and a temporary decode on %s's "
           "GPUs (in parallel)" % (host, first["name"], lender["name"]),
           ["engine_stop_s", "engine_ready_s", "canary_s"], n - len(staged), dgpus)
     s.add("the router restarts with the new pair only, a canary through it; the front door moves to it and "
-          "the old pool's streams finish behind the standby", ["router_ready_s", "canary_s", "frontdoor_s", "drain_s"],
+          "the old pool's streams finish behind the standby", ["router_ready_s", "canary_s"] + s.HOME,
           1, len(lender["gpus"]))
     hosts = []
     for inst in sorted(plan["instances"], key=lambda i: (i["pool"] != "prefill", i["name"])):
@@ -181,11 +205,11 @@ def release_steps(plan, timing, gated=True, admission=None):
               "each (%s)" % (other, ", ".join(sorted(i["name"] for i in mine))),
               ["engine_stop_s"] + ["engine_ready_s", "canary_s"] * len(mine), 1, len(lender["gpus"]))
     s.add("the standby with the whole new pool but the temporary decode takes the front door; the routers' "
-          "streams finish", ["router_ready_s", "frontdoor_s", "drain_s"], n - 1, dgpus)
+          "streams finish", ["router_ready_s"] + s.AWAY, n - 1, dgpus)
     s.add("the temporary decode stops; %s starts on its GPUs, a canary" % lender["name"],
           ["engine_stop_s", "engine_ready_s", "canary_s"], n - 1, dgpus)
     s.add("the router restarts on the plan's membership and takes the front door back; the standby leaves",
-          ["router_ready_s", "frontdoor_s"], n, dgpus)
+          ["router_ready_s"] + s.HOME, n, dgpus)
     if gated:
         s.add("the gates (SLA, accuracy) through the front door; a failure rolls back by the same switch",
               ["gates_s"], n, dgpus)
@@ -211,25 +235,20 @@ def maintenance_steps(plan, timing, hosts=None, reload_hosts=(), admission=None)
             lender = s.prefill[-1]
             s.add("%s out: %s leaves the routers, drains and stops; a temporary decode starts on its GPUs; the "
                   "routers pair the other prefill instances with it, a canary, the front door back to them"
-                  % (host, lender["name"]),
-                  ["router_ready_s", "frontdoor_s", "drain_s", "engine_stop_s", "engine_ready_s", "router_ready_s",
-                   "canary_s", "frontdoor_s"], n - 1, len(lender["gpus"]))
-            s.add("%s: its instances finish their streams and stop; host stack, %s, post-checks"
-                  % (host, how), ["drain_s", "engine_stop_s", "host_stack_s", activate], n - 1, len(lender["gpus"]))
+                  % (host, lender["name"]), s.temporary_decode_in(), n - 1, len(lender["gpus"]))
+            s.add("%s: its instances stop once idle; host stack, %s, post-checks"
+                  % (host, how), ["engine_stop_s", "host_stack_s", activate], n - 1, len(lender["gpus"]))
             s.add("%s back: its instances start, a canary each; the temporary decode stops and %s starts again; "
                   "the routers on the plan's membership take the front door back" % (host, lender["name"]),
-                  ["engine_ready_s", "canary_s"] * len(mine) + ["router_ready_s", "frontdoor_s", "drain_s",
-                                                                "engine_stop_s", "engine_ready_s", "canary_s",
-                                                                "router_ready_s", "frontdoor_s"],
-                  n, dgpus)
+                  ["engine_ready_s", "canary_s"] * len(mine) + s.temporary_decode_out(), n, dgpus)
         else:
             out = len([i for i in mine if i["pool"] == "prefill"])
             s.add("%s out: the standby routers without its instances take the front door, the routers' streams "
-                  "finish" % host, ["router_ready_s", "frontdoor_s", "drain_s"], n - out, dgpus)
+                  "finish" % host, s.routers_in_turn + s.AWAY, n - out, dgpus)
             s.add("%s: its instances stop; host stack, %s, post-checks" % (host, how),
                   ["engine_stop_s", "host_stack_s", activate], n - out, dgpus)
             s.add("%s back: its instances start one at a time, a canary each; the routers take the front door back"
-                  % host, ["engine_ready_s", "canary_s"] * len(mine) + ["router_ready_s", "frontdoor_s"], n, dgpus)
+                  % host, ["engine_ready_s", "canary_s"] * len(mine) + s.routers_in_turn + s.HOME, n, dgpus)
     if turns:
         s.add("the KV-path check from every prefill instance's GPUs to the decode", ["kv_path_s"], n, dgpus)
     return s.steps

@@ -122,6 +122,7 @@ def test_decode_flag_change_rolls_behind_a_temporary_decode_and_loses_no_request
     inv = inventory_variant(tmp_path / "decode-flag", {
         "host_vars/lab-decode-0": {"pdctl_serve_args": dict(serving["pdctl_serve_args"], decode=decode)}})
     before = main_pids()
+    since = on_host("lab-prefill-1", "date", "+%Y-%m-%d %H:%M:%S").strip()
     capacity = FrontdoorCapacity("lab-decode-0")
     capacity.start()
     try:
@@ -140,6 +141,12 @@ def test_decode_flag_change_rolls_behind_a_temporary_decode_and_loses_no_request
                                                     "pdctl-vllm-decode-0.service")
         assert summary["requests"] >= 40 and summary["failed_requests"] == 0, summary
         assert len(capacity.samples) >= 10 and capacity.minimum() == 3, (capacity.minimum(), capacity.errors[:2])
+        # The temporary decode pulled KV from the other prefill host's instances too (the firewall admits it):
+        # a pull that fails is recomputed after NIXL's timeout, invisible to the clients but 30 s of TTFT.
+        temporary = on_host("lab-prefill-1", "journalctl", "--no-pager", "-u", "pdctl-vllm-decode-temporary",
+                            "--since", since)
+        assert "Started pdctl-vllm-decode-temporary" in temporary, temporary[-500:]
+        assert "KV load failed" not in temporary, [ln for ln in temporary.splitlines() if "KV load failed" in ln][:3]
         assert _frontdoor_servers() == ROUTERS_AT_REST
         for host, unit in (("lab-decode-0", "pdctl-router-standby.service"),
                            ("lab-prefill-1", "pdctl-vllm-decode-temporary.service")):

@@ -41,10 +41,10 @@ def test_prefill_change_rolls_one_instance_at_a_time_at_n_minus_1():
     steps = rp.prefill_steps(plan(), TIMING)
     assert len(steps) == 1 + 3 * 4
     assert capacity(steps) == [(4, 8)] + [(3, 8), (3, 8), (4, 8)] * 4
-    per_instance = (4 + 8 + 16) + (128 + 32 + 64 + 128) + 8  # a canary before the restart and after
+    per_instance = (4 + 8 + 16) + (128 + 32 + 64 + 128) + (8 + 16)  # a canary before the restart and after
     assert rp.summary(steps)["seconds"] == 1 + 4 * per_instance
-    # Each instance waits on its routers' streams once: at the bound, 1000 s more each.
-    assert rp.summary(steps)["bound_s"] == 1 + 4 * per_instance + 4 * 1000
+    # Each instance waits on its routers' streams (away) and the standby's (home): at the bound, 1000 s more each.
+    assert rp.summary(steps)["bound_s"] == 1 + 4 * per_instance + 8 * 1000
     assert all(s["prefill_total"] == 4 and s["decode_gpus_total"] == 8 for s in steps)
 
 
@@ -63,9 +63,25 @@ def test_decode_change_rolls_behind_a_temporary_decode_on_the_last_prefill_insta
     # prefill-0's three steps, then the decode's three: out (the lender's 4 GPUs serve as the decode), restart, back.
     assert capacity(steps) == [(4, 8), (3, 8), (3, 8), (4, 8), (3, 4), (3, 4), (4, 8), (4, 8)]
     assert "prefill-3" in steps[4]["what"] and steps[4]["what"].startswith("decode-0 out")
-    # The restart waits on the decode's own streams (a drain) between the two canaries.
-    assert steps[5]["seconds"] == 128 + 16 + 32 + 64 + 128 and steps[5]["drains"] == 1
+    # The restart: the decode's own idle check is its stop (the routers that sent to it drained at the move home).
+    assert steps[5]["seconds"] == 128 + 32 + 64 + 128 and steps[5]["drains"] == 0
     assert "gates" in steps[-1]["what"]
+
+
+def test_with_two_routers_a_temporary_decode_restarts_them_in_turn_and_a_prefill_roll_at_once():
+    two = dict(plan(), routers=[{"host": "d0"}, {"host": "p0"}])
+    steps = rp.prefill_steps(two, TIMING, pending=["prefill-0", "decode-0"])
+    # playbooks/tasks/upgrade_instance.yml changes both routers in one task (4 s once).
+    assert steps[1]["seconds"] == 4 + 8 + 16
+    # temporary_decode_in.yml: two membership changes, each router host in turn (2 x 4 s each), the front door
+    # away (8 + 16), the lender stops, the temporary decode starts, a canary through each router (2 x 128), home.
+    assert steps[4]["seconds"] == 2 * 4 + 8 + 16 + 32 + 64 + 2 * 4 + 2 * 128 + 8 + 16 and steps[4]["drains"] == 2
+    # temporary_decode_out.yml and the way home: two membership changes again, the lender's canary.
+    assert steps[6]["seconds"] == 2 * 4 + 8 + 16 + 32 + 64 + 128 + 2 * 4 + 8 + 16
+    # The decode host's maintenance turn takes the same way in and out.
+    turn = rp.maintenance_steps(two, TIMING, hosts=["d0"])
+    assert turn[1]["seconds"] == steps[4]["seconds"]
+    assert turn[3]["seconds"] == 64 + 128 + steps[6]["seconds"]
 
 
 def test_release_switch_capacity_dips_to_the_new_pair():
@@ -76,7 +92,7 @@ def test_release_switch_capacity_dips_to_the_new_pair():
     assert steps[4]["seconds"] == 32 + 2 * (64 + 128) and steps[5]["seconds"] == 32 + 64 + 128
     assert "prefill-0 starts" in steps[2]["what"] and "prefill-1's GPUs" in steps[2]["what"]
     assert steps[-1]["seconds"] == 256
-    assert sum(s["drains"] for s in steps) == 3
+    assert sum(s["drains"] for s in steps) == 4
     assert "gates" not in rp.release_steps(plan(), TIMING, gated=False)[-1]["what"]
 
 
@@ -92,7 +108,7 @@ def test_maintenance_prefill_hosts_first_decode_host_last_with_a_temporary_decod
         ["p0"] * 3 + ["p1"] * 3 + ["d0"] * 3 + ["the"]
     assert capacity(steps) == [(4, 8), (2, 8), (2, 8), (4, 8), (2, 8), (2, 8), (4, 8), (3, 4), (3, 4), (4, 8), (4, 8)]
     # Prefill hosts reboot, the decode host (router, front door) reloads the module.
-    assert steps[2]["seconds"] == 32 + 512 + 2048 and steps[8]["seconds"] == 16 + 32 + 512 + 4096
+    assert steps[2]["seconds"] == 32 + 512 + 2048 and steps[8]["seconds"] == 32 + 512 + 4096
     assert "prefill-3 leaves" in steps[7]["what"]
     only = rp.maintenance_steps(plan(), TIMING, hosts=["p1"])
     assert len(only) == 1 + 3 + 1 and "p1" in only[0]["what"] and "p0" not in only[0]["what"]
@@ -123,7 +139,7 @@ def test_render_lists_each_step_with_capacity_and_the_estimate():
     lines = rp.render(rp.prefill_steps(plan(), TIMING, pending=["prefill-0"]), "T")
     assert lines[0] == "T"
     assert lines[2].startswith("  2. [prefill 3/4, decode GPUs 8/8] prefill-0 out")
-    assert lines[-1].startswith("Estimated duration: 6 min 29 s (23 min 09 s if every one of the 1 drains")
+    assert lines[-1].startswith("Estimated duration: 6 min 45 s (40 min 05 s if every one of the 2 drains")
     assert lines[-1].endswith("at least 3 prefill instance(s) and 8 decode GPUs")
 
 
