@@ -52,14 +52,11 @@ options:
     description: Interpreter with torch, used in bandwidth mode.
     type: path
     default: /opt/pdctl/venvs/current/bin/python
-  nvidia_smi:
-    description: Path or name of the nvidia-smi binary.
-    type: str
-    default: nvidia-smi
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
   - pdctl.vllm_pd.host_label
+  - pdctl.vllm_pd.nvidia_smi
 """
 
 EXAMPLES = r"""
