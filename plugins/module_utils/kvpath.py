@@ -267,7 +267,7 @@ def _recv(reader):
     return json.loads(line)
 
 
-def run_listener(bind="0.0.0.0", port=5655, mem="auto", size_mb=256, gpu=0, timeout=120.0):
+def run_listener(bind, port, mem="auto", size_mb=256, gpu=0, timeout=120.0):
     """Target side: register a buffer, hand its NIXL metadata to one initiator over TCP, serve
     the transfers (UCX is one-sided: nothing to do meanwhile), verify WRITEs, return the outcome."""
     mem = _resolve_mem(mem, gpu)
@@ -303,7 +303,7 @@ def run_listener(bind="0.0.0.0", port=5655, mem="auto", size_mb=256, gpu=0, time
                 return result
 
 
-def run_initiator(peer, port=5655, mem="auto", op="READ", iterations=5, gpu=0, timeout=120.0):
+def run_initiator(peer, port, mem="auto", op="READ", iterations=5, gpu=0, timeout=120.0):
     """Initiator side: fetch the target's metadata, then READ (pull, as vLLM's decode does) or
     WRITE (push) its buffer over NIXL; the target verifies WRITEs."""
     mem = _resolve_mem(mem, gpu)
@@ -364,7 +364,7 @@ def main(argv=None):
     parser.add_argument("--peer-gpu", type=int, default=None, help="loopback: target buffer on another GPU")
     parser.add_argument("--peer", help="initiator: the listener's host name or address")
     parser.add_argument("--bind", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=5655)
+    parser.add_argument("--port", type=int, help="listener and initiator: the listener's control port")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--min-gbps", type=float, default=None, help="exit 1 below this bandwidth")
     parser.add_argument("--expect-rdma", action="store_true")
@@ -374,6 +374,8 @@ def main(argv=None):
         if args.role == "loopback":
             result = run_loopback(args.mem, args.size_mb, args.op, args.iterations, args.gpu, args.peer_gpu,
                                   args.timeout)
+        elif args.port is None:
+            parser.error("%s needs --port" % args.role)
         elif args.role == "listener":
             result = run_listener(args.bind, args.port, args.mem, args.size_mb, args.gpu, args.timeout)
         else:

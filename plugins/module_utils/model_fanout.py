@@ -107,7 +107,7 @@ class FanoutServer(ThreadingHTTPServer):
             self.bytes_sent += n
 
 
-def serve(served_path, revision, bind="0.0.0.0", port=8790, idle_timeout=300, max_seconds=86400,
+def serve(served_path, revision, bind, port, idle_timeout=300, max_seconds=86400,
           nonce=None, ready=None):
     """Serve a verified version until shut down (POST /.pdctl/shutdown/<nonce>), idle or out of time."""
     st = status(served_path, revision)

@@ -12,7 +12,11 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
   pdctl_instances          list of {pool, [name], [gpus], [api_port], [side_channel_port], [dp_rpc_port]}
   pdctl_pools              {pool: {tensor_parallel_size, data_parallel_size}}
   pdctl_ports              {api_base, side_channel_base, dp_rpc_base, router, router_metrics,
-                            frontdoor, frontdoor_metrics (front-door hosts only)}
+                            frontdoor, frontdoor_metrics (front-door hosts only), and host-level ports
+                            used during a deploy (kv_path_check, model_fanout, ...)}
+  pdctl_monitoring         optional, the monitoring's listeners (roles/monitoring): node_exporter_port
+                           (serving and router hosts), dcgm_exporter {enabled, port} (serving hosts),
+                           port (Prometheus, on a router host)
   pdctl_model_path         served model directory
   pdctl_versions.vllm      vLLM release the host runs
   pdctl_advertise_address  routable address (defaults to ansible_host, then the host name)
@@ -55,7 +59,7 @@ AGGREGATED_PORT_KEYS = ("router_aggregated", "router_aggregated_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile",
-             "pdctl_min_prefill_instances", "pdctl_frontdoor_vip")
+             "pdctl_min_prefill_instances", "pdctl_frontdoor_vip", "pdctl_monitoring")
 ROUTER_GROUP = "router"
 FRONTDOOR_GROUP = "frontdoor"
 # The router listens here when the front door is on its own host and nowhere else.
@@ -156,6 +160,38 @@ def _extra_port_claims(hostvars, host, problems):
     return claims
 
 
+def _monitoring_claims(hostvars, host, groups, problems):
+    """The monitoring's listeners on this host (pdctl_monitoring, roles/monitoring and site.yml's monitoring
+    play): node exporter on every serving and router host, the DCGM exporter on the serving hosts when
+    enabled, Prometheus on the monitoring host (a router host; every router host claims its port)."""
+    settings = hostvars.get("pdctl_monitoring")
+    if settings is None:
+        return []
+    if not isinstance(settings, dict):
+        problems.append("%s: pdctl_monitoring must be a mapping, found %s" % (host, type(settings).__name__))
+        return []
+    serving = bool(groups & set(KNOWN_POOLS))
+    router = ROUTER_GROUP in groups
+    wanted = []
+    if (serving or router) and settings.get("node_exporter_port") is not None:
+        wanted.append(("node_exporter_port", settings["node_exporter_port"], "node exporter port"))
+    dcgm = settings.get("dcgm_exporter") or {}
+    if serving and isinstance(dcgm, dict) and _truthy(dcgm.get("enabled")) and dcgm.get("port") is not None:
+        wanted.append(("dcgm_exporter.port", dcgm["port"], "DCGM exporter port"))
+    if router and settings.get("port") is not None:
+        wanted.append(("port", settings["port"], "Prometheus port"))
+    claims = []
+    for key, raw, label in wanted:
+        value = _as_int(raw, "%s: pdctl_monitoring.%s" % (host, key), problems)
+        if value is not None:
+            claims.append((value, value, "%s (pdctl_monitoring.%s)" % (label, key)))
+    return claims
+
+
+def _truthy(value):
+    return value is True or str(value).strip().lower() in ("true", "yes", "on", "1")
+
+
 def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
     """Place the host's instances on its GPUs and ports; return instance dicts.
 
@@ -249,7 +285,8 @@ def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
         if None not in fd.values() and len(fd) == len(FRONTDOOR_PORT_KEYS):
             service_claims += [(fd["frontdoor"], "front door port"), (fd["frontdoor_metrics"], "front door metrics port")]
     _check_host_clashes(host, instances, [(p, p, who) for p, who in service_claims] +
-                        _extra_port_claims(hostvars, host, problems), problems)
+                        _extra_port_claims(hostvars, host, problems) +
+                        _monitoring_claims(hostvars, host, groups, problems), problems)
     return instances
 
 

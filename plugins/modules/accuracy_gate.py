@@ -51,15 +51,11 @@ options:
       - Further settings of C(pdctl.gates.accuracy.DEFAULTS), for example C(concurrency), C(time_budget_s),
         C(seed), C(alpha), C(min_parse_rate), C(max_truncation_rate), and per benchmark
         C(samples), C(repeats), C(expected_accuracy), C(floor), C(max_tokens), C(buckets).
-    type: dict
-    default: {}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
   - pdctl.vllm_pd.gate_client
-attributes:
-  check_mode:
-    details: Validates the inputs and runs nothing.
+  - pdctl.vllm_pd.gate_settings
 """
 
 EXAMPLES = r"""

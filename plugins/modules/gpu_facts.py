@@ -15,10 +15,6 @@ description:
   - The NUMA node is read from C(/sys/bus/pci/devices/<bus id>/numa_node).
   - Read-only; works the same on real hosts and on lab hosts with the pdctl nvidia-smi emulator.
 options:
-  nvidia_smi:
-    description: Path or name of the nvidia-smi binary.
-    type: str
-    default: nvidia-smi
   use_nvml:
     description: Query NVML through C(pynvml) when it is importable.
     type: bool
@@ -27,6 +23,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
   - pdctl.vllm_pd.host_label
+  - pdctl.vllm_pd.nvidia_smi
 """
 
 EXAMPLES = r"""

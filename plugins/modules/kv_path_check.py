@@ -59,9 +59,11 @@ options:
     type: str
     default: 0.0.0.0
   port:
-    description: TCP port of the listener's control socket (metadata exchange).
+    description:
+      - TCP port of the listener's control socket (metadata exchange); required for C(role=listener) and
+        C(role=initiator), unused by C(role=loopback).
+      - The KV-path check passes the planned ones, from C(pdctl_ports.kv_path_check) up.
     type: int
-    default: 5655
   timeout:
     description: Seconds the listener waits for an initiator, and the limit for each transfer.
     type: float
@@ -106,7 +108,7 @@ EXAMPLES = r"""
   pdctl.vllm_pd.kv_path_check:
     python: "{{ pdctl_paths.venvs }}/current/bin/python"
     role: listener
-    port: 5655
+    port: "{{ pdctl_ports.kv_path_check }}"
     host_label: "{{ inventory_hostname }}"
   async: 300
   poll: 0
@@ -119,7 +121,7 @@ EXAMPLES = r"""
     role: initiator
     op: WRITE
     peer: "{{ hostvars[groups['decode'][0]].ansible_host }}"
-    port: 5655
+    port: "{{ pdctl_ports.kv_path_check }}"
     expect_rdma: true
     min_bandwidth_gbps: 20
     host_label: "{{ inventory_hostname }}"
@@ -194,7 +196,7 @@ def build_module():
             peer_gpu=dict(type="int"),
             peer=dict(type="str"),
             bind=dict(type="str", default="0.0.0.0"),
-            port=dict(type="int", default=5655),
+            port=dict(type="int"),
             timeout=dict(type="float", default=120.0),
             min_bandwidth_gbps=dict(type="float", default=10.0),
             expect_rdma=dict(type="bool", default=False),
@@ -203,15 +205,17 @@ def build_module():
             host_label=dict(type="str"),
             label=dict(type="str"),
         ),
-        required_if=[("role", "initiator", ("peer",))],
+        required_if=[("role", "listener", ("port",)), ("role", "initiator", ("peer", "port"))],
         supports_check_mode=True,
     )
 
 
 def worker_command(p, script, result_file):
     cmd = [p["python"], script, p["role"], "--mem", p["mem"], "--size-mb", str(p["size_mb"]), "--op", p["op"],
-           "--iterations", str(p["iterations"]), "--gpu", str(p["gpu"]), "--port", str(p["port"]),
+           "--iterations", str(p["iterations"]), "--gpu", str(p["gpu"]),
            "--bind", p["bind"], "--timeout", str(p["timeout"]), "--result-file", result_file]
+    if p["port"] is not None:
+        cmd += ["--port", str(p["port"])]
     if p["peer"]:
         cmd += ["--peer", p["peer"]]
     if p["peer_gpu"] is not None:

@@ -17,10 +17,6 @@ description:
   - Nothing but the manifest's files is reachable. Refuses to start unless the revision is verified.
 version_added: "0.1.0"
 options:
-  path:
-    description: Served model path laid out by M(pdctl.vllm_pd.model_sync).
-    type: path
-    required: true
   revision:
     description: Revision to serve; must be the verified current one.
     type: str
@@ -30,9 +26,9 @@ options:
     type: str
     default: 0.0.0.0
   port:
-    description: TCP port.
+    description: TCP port; the playbooks pass the planned one, C(pdctl_ports.model_fanout).
     type: int
-    default: 8790
+    required: true
   idle_timeout:
     description: Seconds without a request (and no transfer running) after which the server stops.
     type: int
@@ -47,6 +43,7 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
+  - pdctl.vllm_pd.model_path
 attributes:
   check_mode:
     details: In check mode the server is not started (nothing would change either way).
@@ -58,6 +55,7 @@ EXAMPLES = r"""
     path: /mnt/model/glm/GLM-5.2-NVFP4
     revision: 0123456789abcdef0123456789abcdef01234567
     bind: 10.0.0.11
+    port: "{{ pdctl_ports.model_fanout }}"
     nonce: "{{ fanout_nonce }}"
   async: 86400
   poll: 0
@@ -91,7 +89,7 @@ def build_module():
             path=dict(type="path", required=True),
             revision=dict(type="str", required=True),
             bind=dict(type="str", default="0.0.0.0"),
-            port=dict(type="int", default=8790),
+            port=dict(type="int", required=True),
             idle_timeout=dict(type="int", default=300),
             max_seconds=dict(type="int", default=86400),
             nonce=dict(type="str", no_log=True),

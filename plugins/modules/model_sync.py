@@ -86,7 +86,7 @@ EXAMPLES = r"""
 - name: Fill from the seed host's fan-out server
   pdctl.vllm_pd.model_sync:
     path: /mnt/model/glm/GLM-5.2-NVFP4
-    source: http://10.0.0.11:8790/
+    source: "http://10.0.0.11:{{ pdctl_ports.model_fanout }}/"
     revision: 0123456789abcdef0123456789abcdef01234567
     manifest_digest: "{{ seed_result.manifest_digest }}"
 """

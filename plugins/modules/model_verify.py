@@ -14,10 +14,6 @@ description:
   - Fails naming each wrong file with expected and found size or sha256, unless O(fail_on_mismatch=false).
 version_added: "0.1.0"
 options:
-  path:
-    description: Served model path laid out by M(pdctl.vllm_pd.model_sync).
-    type: path
-    required: true
   revision:
     description: Revision the path must show; defaults to whatever it shows now.
     type: str
@@ -36,6 +32,7 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
+  - pdctl.vllm_pd.model_path
 attributes:
   check_mode:
     details: Read-only; runs the same in check mode.

@@ -53,14 +53,11 @@ options:
       - Interpreter with torch, used in bandwidth mode (and required there), e.g. the serving venv's, C(bin/python)
         under C(current) in C(pdctl_paths.venvs).
     type: path
-  nvidia_smi:
-    description: Path or name of the nvidia-smi binary.
-    type: str
-    default: nvidia-smi
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
   - pdctl.vllm_pd.host_label
+  - pdctl.vllm_pd.nvidia_smi
 """
 
 EXAMPLES = r"""

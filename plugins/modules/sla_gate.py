@@ -56,18 +56,11 @@ options:
   capacity:
     description: Capacity search, C(enabled), C(start), C(max), C(contexts) (default the longest context).
     type: dict
-  config:
-    description:
-      - Settings of C(pdctl.gates.sla.DEFAULTS), e.g. the inventory's C(pdctl_gate_sla). Options given to the module override them.
-    type: dict
-    default: {}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - pdctl.vllm_pd.attributes
   - pdctl.vllm_pd.gate_client
-attributes:
-  check_mode:
-    details: Validates the inputs and runs nothing.
+  - pdctl.vllm_pd.gate_settings
 """
 
 EXAMPLES = r"""

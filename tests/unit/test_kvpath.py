@@ -90,6 +90,13 @@ def test_listener_times_out_clearly(nixl):
     assert "no initiator connected to 127.0.0.1:" in out["msg"] and out["msg"].startswith("lab-prefill-0 (listener)")
 
 
+@pytest.mark.parametrize("role,extra", [("listener", {}), ("initiator", {"peer": "127.0.0.1"})])
+def test_listener_and_initiator_need_the_planned_port(role, extra):
+    # No port of its own: the KV-path check passes pdctl_ports.kv_path_check + n (loopback needs none).
+    out = run("kv_path_check", base(role=role, **extra), FailJson)
+    assert "port" in out["msg"] and role in out["msg"]
+
+
 def test_proto_info_of_real_h100_run():
     """The H100 device run: VRAM READ served by 'software emulation' over tcp/lo at 0.4 GB/s."""
     text = (FIXTURES / "h100-x1" / "kv_proto_default.txt").read_text()

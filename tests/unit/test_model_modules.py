@@ -105,6 +105,14 @@ def test_serve_check_mode_starts_nothing(model, tmp_path, capsys):
     assert not failed and res["stopped"] == "not_started" and not res["changed"]
 
 
+def test_serve_needs_the_planned_port(model, tmp_path, capsys):
+    # No port of its own: the model_weights role passes pdctl_ports.model_fanout.
+    _, info = model
+    failed, res, _ = run("model_serve", {"path": str(tmp_path / "G"), "revision": info["revision"], "nonce": "x"},
+                         capsys, check_mode=True)
+    assert failed and "missing required arguments: port" in res["msg"]
+
+
 def test_serve_refuses_unverified(model, tmp_path, capsys):
     _, info = model
     failed, res, _ = run("model_serve", {"path": str(tmp_path / "G"), "revision": info["revision"],

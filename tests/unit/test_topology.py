@@ -212,6 +212,57 @@ def test_frontdoor_port_clash_with_an_instance_port():
     assert topology.build_plan(hosts)["frontdoor"]["port"] == 8443
 
 
+def _set_ports(hosts, host, **ports):
+    hosts[host]["vars"]["pdctl_ports"] = dict(hosts[host]["vars"]["pdctl_ports"], **ports)
+
+
+def test_model_fanout_port_clash_with_an_instance_port():
+    hosts = _lab_hosts()
+    _set_ports(hosts, "lab-prefill-0", model_fanout=8101)
+    with pytest.raises(topology.PlanError, match="lab-prefill-0: port clash: prefill-1 API port 8101 overlaps "
+                                                 "model_fanout port 8101"):
+        topology.build_plan(hosts)
+
+
+@pytest.mark.parametrize("host,change,expected", [
+    # node exporter on every serving and router host
+    ("lab-decode-0", {"node_exporter_port": 8100},
+     r"lab-decode-0: port clash: decode-0 API port 8100 overlaps node exporter port "
+     r"\(pdctl_monitoring.node_exporter_port\) 8100"),
+    # the DCGM exporter on the serving hosts
+    ("lab-prefill-1", {"dcgm_exporter": {"enabled": True, "port": 13346}},
+     r"lab-prefill-1: port clash: prefill-3 DP RPC port 13346 overlaps DCGM exporter port "
+     r"\(pdctl_monitoring.dcgm_exporter.port\) 13346"),
+    # Prometheus on the router host
+    ("lab-decode-0", {"port": 5603},
+     r"lab-decode-0: port clash: decode-0 NIXL side-channel range 5600-5607 overlaps Prometheus port "
+     r"\(pdctl_monitoring.port\) 5603"),
+])
+def test_monitoring_port_clash_with_an_instance_port(host, change, expected):
+    hosts = _lab_hosts()
+    hosts[host]["vars"]["pdctl_monitoring"] = dict(hosts[host]["vars"]["pdctl_monitoring"], **change)
+    with pytest.raises(topology.PlanError, match=expected):
+        topology.build_plan(hosts)
+
+
+def test_monitoring_ports_count_only_where_they_listen():
+    hosts = _lab_hosts()
+    # Prometheus runs on a router host: an API port of the same number on a prefill host is no clash,
+    # nor is a disabled DCGM exporter's port.
+    for host in ("lab-prefill-0", "lab-prefill-1"):
+        hosts[host]["vars"]["pdctl_monitoring"] = dict(hosts[host]["vars"]["pdctl_monitoring"], port=8100,
+                                                       dcgm_exporter={"enabled": False, "port": 8101})
+    assert topology.build_plan(hosts)["instances"]
+
+
+def test_monitoring_and_fanout_ports_clash_with_each_other():
+    hosts = _lab_hosts()
+    _set_ports(hosts, "lab-decode-0", model_fanout=9100)
+    with pytest.raises(topology.PlanError, match=r"lab-decode-0: port clash: model_fanout port 9100 overlaps "
+                                                 r"node exporter port \(pdctl_monitoring.node_exporter_port\) 9100"):
+        topology.build_plan(hosts)
+
+
 def _with_vip(hosts, vip=None):
     for host in hosts.values():
         host["vars"]["pdctl_frontdoor_vip"] = vip or {"address": "10.89.64.200", "virtual_router_id": 39}
