@@ -112,10 +112,9 @@ class _Steps:
             step.update(admission_inflight=admits["inflight"], admission_queue=admits["queue"])
         self.steps.append(step)
 
-
     def temporary_decode_in(self):
         """playbooks/tasks/temporary_decode_in.yml: standbys without the lender, the front door to them (a
-        drain), the lender drains and stops, the temporary decode starts, the routers pair the other prefill
+        drain), the lender stops once idle, the temporary decode starts, the routers pair the other prefill
         instances with it, a canary through each, the front door back to them."""
         return (self.routers_in_turn + self.AWAY + ["engine_stop_s", "engine_ready_s"]
                 + self.routers_in_turn + self.canaries + self.HOME)
