@@ -166,32 +166,37 @@ def instance_metrics(url, timeout):
     return res.stdout
 
 
-class DecodeCounter(threading.Thread):
-    """A counter of the decode processes at `url` (the lab's decode, or a temporary decode on a prefill
-    instance's port; a process that is not a KV consumer is not counted), read every second: the counter
-    lives as long as the process, and an upgrade restarts the decode (and starts and stops the temporary
-    one), so each process's count is kept apart, from what it had counted when the benchmark first saw it.
-    Counted: `metric` (pdctl_lab_cross_release_pairs_total: KV pulls refused across releases;
-    vllm:nixl_num_failed_transfers_total: KV pulls that failed, a handshake's timeout included)."""
+# What DecodeCounter counts: KV pulls refused across releases; KV pulls that failed (a handshake's timeout included).
+CROSS_RELEASE_PAIRS, FAILED_PULLS = "pdctl_lab_cross_release_pairs_total", "vllm:nixl_num_failed_transfers_total"
 
-    def __init__(self, url, metric):
+
+class DecodeCounter(threading.Thread):
+    """Counters (`metrics`) of the decode processes at `url` (the lab's decode, or a temporary decode on a
+    prefill instance's port; a process that is not a KV consumer is not counted), one read a second: a counter
+    lives as long as the process, and an upgrade restarts the decode (and starts and stops the temporary one),
+    so each process's count is kept apart, from what it had counted when the benchmark first saw it.
+    `counts`: {metric: the increase since the benchmark started}."""
+
+    def __init__(self, url, metrics):
         super().__init__(daemon=True)
-        self.url, self.metric, self.count, self._seen, self._base = url, metric, 0, {}, {}
+        self.url, self.counts, self._seen, self._base = url, dict.fromkeys(metrics, 0), {}, {}
+        self._patterns = {m: re.compile(r"^%s(?:\{[^}]*\})? (\S+)$" % re.escape(m), re.M) for m in metrics}
         self._halt = threading.Event()
 
     def run(self):
         first = True
-        pattern = re.compile(r"^%s(?:\{[^}]*\})? (\S+)$" % re.escape(self.metric), re.M)
         while not self._halt.is_set():
             try:
                 text = instance_metrics(self.url, 3)
-                if "kv_consumer" in text or "pdctl_lab_cross_release_pairs_total" in text:
+                if "kv_consumer" in text or CROSS_RELEASE_PAIRS in text:
                     pid = (re.findall(r"^process_start_time_seconds (\S+)$", text, re.M) or ["?"])[0]
-                    count = sum(float(v) for v in pattern.findall(text))
-                    if first:
-                        self._base[pid] = count
-                    self._seen[pid] = count
-                    self.count = int(sum(c - self._base.get(p, 0) for p, c in self._seen.items()))
+                    for metric, pattern in self._patterns.items():
+                        count = sum(float(v) for v in pattern.findall(text))
+                        if first:
+                            self._base[pid, metric] = count
+                        self._seen[pid, metric] = count
+                        self.counts[metric] = int(sum(c - self._base.get(k, 0) for k, c in self._seen.items()
+                                                      if k[1] == metric))
             except httpx.HTTPError:
                 pass
             first = False
@@ -381,11 +386,11 @@ def measure(args, kills, tmp, result, driver):
     sampler = FrontdoorCapacity(FRONTDOOR_HOST, vip=vip["address"] if vip else None,
                                 hosts=inventory.plan(SERVING_INVENTORY)["frontdoor"]["hosts"])
     sampler.start()
-    decode_pairs = DecodeCounter(DECODE_METRICS, "pdctl_lab_cross_release_pairs_total")
-    watcher = DecodeCounter(TEMPORARY_DECODE_METRICS, "pdctl_lab_cross_release_pairs_total")
-    kv_failures = [DecodeCounter(url, "vllm:nixl_num_failed_transfers_total")
-                   for url in (DECODE_METRICS, TEMPORARY_DECODE_METRICS, LENDER_DECODE_METRICS)]
-    for counter in [decode_pairs, watcher] + kv_failures:
+    # One reader per port: the decode, the release switch's temporary decode, a decode change's.
+    decode_pairs = DecodeCounter(DECODE_METRICS, (CROSS_RELEASE_PAIRS, FAILED_PULLS))
+    watcher = DecodeCounter(TEMPORARY_DECODE_METRICS, (CROSS_RELEASE_PAIRS, FAILED_PULLS))
+    counters = [decode_pairs, watcher, DecodeCounter(LENDER_DECODE_METRICS, (FAILED_PULLS,))]
+    for counter in counters:
         counter.start()
     time.sleep(2)  # each sampler's first reading is its baseline
     # The kernel scenario reboots the host behind FRONTDOOR: its clients use the virtual address, as real ones do.
@@ -407,7 +412,7 @@ def measure(args, kills, tmp, result, driver):
             problems += release_scenario(args.scenario, tmp, result, before, kills)
         time.sleep(3)
     sampler.stop()
-    for counter in [decode_pairs, watcher] + kv_failures:
+    for counter in counters:
         counter.stop()
     summary = load.summary()
     if args.scenario == "kernel":
@@ -415,11 +420,11 @@ def measure(args, kills, tmp, result, driver):
         restore_vip(result)
     result.update(requests=summary["requests"], failed_requests=summary["failed_requests"],
                   failed_by_kind=summary["failed_by_kind"],
-                  cross_release_pairs=decode_pairs.count,
-                  kv_pull_failures=sum(c.count for c in kv_failures),
+                  cross_release_pairs=decode_pairs.counts[CROSS_RELEASE_PAIRS],
+                  kv_pull_failures=sum(c.counts[FAILED_PULLS] for c in counters),
                   min_prefill_capacity=sampler.minimum(), capacity_samples=len(sampler.samples),
                   by_capacity=by_capacity(load.outcomes, sampler.samples),
-                  temporary_decode_cross_release_pairs=watcher.count)
+                  temporary_decode_cross_release_pairs=watcher.counts[CROSS_RELEASE_PAIRS])
     # A kernel update's turn of the host holding the virtual address ends the streams open on its front door (at
     # most one per client); any other failure is a fault.
     excused = (min(result.get("failed_at_vip_move") or 0, args.clients * result.get("vip_moves", 0))
@@ -436,9 +441,10 @@ def measure(args, kills, tmp, result, driver):
     if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < floor:
         problems.append("prefill capacity fell to %s of %d (floor %d)" % (result["min_prefill_capacity"],
                                                                          result["prefill_total"], floor))
-    if result["cross_release_pairs"] or watcher.count:
+    pairs_at_temporary = result["temporary_decode_cross_release_pairs"]
+    if result["cross_release_pairs"] or pairs_at_temporary:
         problems.append("%d KV pulls across releases (%d at the temporary decode)"
-                        % (result["cross_release_pairs"] + watcher.count, watcher.count))
+                        % (result["cross_release_pairs"] + pairs_at_temporary, pairs_at_temporary))
     # A pull that fails is recomputed (kv_load_failure_policy) after its wait: no client sees an error, but a
     # handshake that times out costs its TTFT seconds (a temporary decode the firewall kept from a prefill host).
     # (A release switch killed mid-switch may leave a pull across releases, counted on its own above.)
