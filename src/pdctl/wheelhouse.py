@@ -192,19 +192,15 @@ def sign_lock(key_dir: Path, lock: Path, target_dir: Path | None = None) -> Path
     already verifies and carries lock's text); return its path."""
     from pdctl import apt_signing
 
-    fpr = apt_signing.ensure_key(key_dir)
     signed = (target_dir or lock.parent) / (lock.name + SIGNED_SUFFIX)
     signed.parent.mkdir(parents=True, exist_ok=True)
     text = lock.read_text()
-    if signed.exists() and verify_lock(signed, key_dir / apt_signing.PUBLIC_GPG) == text:
-        return signed
     tmp = signed.with_name(signed.name + ".part")
-    tmp.unlink(missing_ok=True)
-    try:
-        apt_signing._gpg(key_dir, "--local-user", fpr, "--digest-algo", "SHA512", "--clearsign",
-                         "--output", str(tmp), str(lock))
-    finally:
-        apt_signing._stop_agent(key_dir)
+    with apt_signing.session(key_dir) as fpr:
+        if signed.exists() and verify_lock(signed, key_dir / apt_signing.PUBLIC_GPG) == text:
+            return signed
+        tmp.unlink(missing_ok=True)
+        apt_signing.clearsign(key_dir, fpr, lock, tmp)
     if verify_lock(tmp, key_dir / apt_signing.PUBLIC_GPG) != text:
         raise RuntimeError("the signature just made for %s does not verify to its text" % lock)
     tmp.replace(signed)

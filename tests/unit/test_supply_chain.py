@@ -81,6 +81,59 @@ def test_a_key_from_another_store_does_not_verify(tmp_path, gpg):
     assert not apt_signing.verify(repo, tmp_path / "theirs" / apt_signing.PUBLIC_GPG)
 
 
+def _sign_repos_and_locks(key_dir: str, work: str, worker: int) -> None:
+    base = Path(work) / ("w%d" % worker)
+    for n in range(12):
+        repo = _repo(base / ("repo%d" % n), "Package: demo\nVersion: %d.%d\n" % (worker, n))
+        lock = base / ("lock%d.txt" % n)
+        lock.write_text("demo==%d.%d --hash=sha256:%s\n" % (worker, n, "0" * 64))
+        apt_signing.sign(Path(key_dir), repo)
+        wheelhouse.sign_lock(Path(key_dir), lock)
+
+
+def test_signers_at_once_on_one_key_do_not_stop_each_others_agent(tmp_path, gpg):
+    """`pdctl lab up` signs the apt repository while the wheelhouse stager signs its locks with the
+    same key: each signing session starts and stops gpg-agent, so one may not stop it under another."""
+    import multiprocessing
+
+    key_dir = tmp_path / "key"
+    apt_signing.ensure_key(key_dir)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_sign_repos_and_locks, args=(str(key_dir), str(tmp_path), i)) for i in range(6)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+    assert [proc.exitcode for proc in procs] == [0] * 6
+    for repo in tmp_path.glob("w*/repo*"):
+        assert apt_signing.verify(repo, key_dir / apt_signing.PUBLIC_GPG)
+
+
+def test_a_dropped_agent_connection_is_retried_once_and_other_errors_are_not(tmp_path, gpg, monkeypatch):
+    key_dir, repo = tmp_path / "key", _repo(tmp_path / "repo")
+    real, calls = apt_signing._gpg, []
+
+    def flaky(kd, *args, **kw):
+        if "--local-user" in args:
+            calls.append(args)
+            if len(calls) == 1:
+                raise apt_signing.SigningError("gpg --local-user failed (exit 2): gpg: keydb_search failed: End of file")
+        return real(kd, *args, **kw)
+
+    monkeypatch.setattr(apt_signing, "_gpg", flaky)
+    assert apt_signing.sign(key_dir, repo) is True and len(calls) == 3  # InRelease twice, Release.gpg once
+
+    def broken(kd, *args, **kw):
+        if "--local-user" in args:
+            raise apt_signing.SigningError("gpg --local-user failed (exit 2): gpg: signing failed: No secret key")
+        return real(kd, *args, **kw)
+
+    monkeypatch.setattr(apt_signing, "_gpg", broken)
+    (repo / "InRelease").unlink()
+    with pytest.raises(apt_signing.SigningError, match="No secret key"):
+        apt_signing.sign(key_dir, repo)
+
+
 def test_apt_accepts_the_signed_repository_and_refuses_a_tampered_release(tmp_path, gpg):
     requires.binary("apt-get", "apt itself verifies the repository here (Debian/Ubuntu controller)")
     if os.geteuid() != 0:
