@@ -70,7 +70,7 @@ def _stop_agent(key_dir: Path) -> None:
 @contextlib.contextmanager
 def session(key_dir: Path, name: str = "pdctl artifact store") -> Iterator[str]:
     """Hold the key directory for one run of gpg work: make the key once, yield its fingerprint, stop
-    the agent after. The apt repository and the wheel locks are signed at once (`pdctl lab up`
+    the agent after. The apt repository and the wheel locks are signed at once (`pdctl-lab up`
     stages the wheelhouse beside the store): without the lock around the whole session, one
     signer's agent stop kills the agent the other is signing with ("gpg-agent: End of file")."""
     key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The `pdctl` command: operator-facing entry points."""
+"""The `pdctl` command: operator-facing entry points. The lab (the test bench) is `pdctl-lab`, a command of its own."""
 from __future__ import annotations
 
 import argparse
@@ -27,12 +27,6 @@ def _cmd_plan(args) -> int:
     return 0
 
 
-def _cmd_lab(args) -> int:
-    from pdctl.lab import cli as lab_cli
-
-    return lab_cli.main(args.lab_args, prog="pdctl lab")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -45,11 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     from pdctl import render, report, run, stage
     from pdctl.gates import cli as gate_cli
 
-    # The lab is `pdctl-lab` (src/pdctl/lab/cli.py); this alias imports it only when called.
-    lab = sub.add_parser("lab", help="the three local test hosts: an alias of pdctl-lab (up|down|status [-i INV])",
-                         add_help=False)
-    lab.add_argument("lab_args", nargs=argparse.REMAINDER, metavar="up|down|status [-i INVENTORY]")
-    lab.set_defaults(func=_cmd_lab)
     gate_cli.add_parser(sub)
     render.add_parser(sub)
     report.add_parser(sub)
@@ -60,8 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["lab"]:  # the alias: all after it is pdctl-lab's (its options and --help included)
-        return _cmd_lab(argparse.Namespace(lab_args=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

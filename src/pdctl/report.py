@@ -31,11 +31,6 @@ def main(args) -> int:
         return 2
     print("== serving plan (%s)" % args.inventory)
     print(topology.format_table(plan))
-    if Path(args.inventory).resolve() == (collection.root() / "inventories" / "lab").resolve():
-        from pdctl.lab import hosts
-
-        print("\n== lab hosts")
-        hosts.status()
     print("\n== serving mode (each front door's router checks)")
     for line in mode_lines(plan):
         print(line)

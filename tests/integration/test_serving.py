@@ -35,7 +35,7 @@ def api_key():
 
 
 def client_key(name="tester"):
-    """A front-door client's key (.lab/secrets/clients.yml, made by `pdctl lab up`)."""
+    """A front-door client's key (.lab/secrets/clients.yml, made by `pdctl-lab up`)."""
     return {c["name"]: c["key"] for c in yaml.safe_load((ROOT / ".lab/secrets/clients.yml").read_text())}[name]
 
 

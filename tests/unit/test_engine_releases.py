@@ -60,7 +60,7 @@ def installed(wheels) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def lab_profile(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("profile") / "profile.yml"
-    path.write_text(stage.ENGINE_PROFILE)  # what `pdctl lab up` installs on the hosts
+    path.write_text(stage.ENGINE_PROFILE)  # what `pdctl-lab up` installs on the hosts
     return str(path)
 
 
@@ -80,7 +80,7 @@ def test_the_four_release_wheels_build_each_with_its_identity(wheels, installed)
     assert installed["A"]["vllm"] == pins["vllm"]  # A is today's stand-in: the manifest's vLLM
     assert {installed[n]["vllm"] for n in ("B", "bad-sla", "bad-accuracy")} == {releases.TRAITS["B"]["vllm_version"]}
     assert installed["B"]["vllm"] != installed["A"]["vllm"]
-    # The same identity builds the same bytes (a second `pdctl lab up` reuses the cache).
+    # The same identity builds the same bytes (a second `pdctl-lab up` reuses the cache).
     again = stage._build_engine_wheel(wheels["B"].parent / "again", releases.identities(versions)["B"])
     assert again.read_bytes() == wheels["B"].read_bytes()
 

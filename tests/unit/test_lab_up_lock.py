@@ -1,4 +1,4 @@
-"""Two `pdctl lab up` at once (molecule's create beside the lab tests' own fixture) take turns: they
+"""Two `pdctl-lab up` at once (molecule's create beside the lab tests' own fixture) take turns: they
 share the image, the network, the store and the staged files."""
 import threading
 import time

@@ -1,4 +1,4 @@
-"""`pdctl lab up` on a cold cache stages the wheelhouse beside the image build (both mostly wait on
+"""`pdctl-lab up` on a cold cache stages the wheelhouse beside the image build (both mostly wait on
 the network), records both steps' seconds, and still fails when the wheelhouse fails."""
 import json
 import threading

@@ -92,7 +92,7 @@ def _sign_repos_and_locks(key_dir: str, work: str, worker: int) -> None:
 
 
 def test_signers_at_once_on_one_key_do_not_stop_each_others_agent(tmp_path, gpg):
-    """`pdctl lab up` signs the apt repository while the wheelhouse stager signs its locks with the
+    """`pdctl-lab up` signs the apt repository while the wheelhouse stager signs its locks with the
     same key: each signing session starts and stops gpg-agent, so one may not stop it under another."""
     import multiprocessing
 
@@ -204,7 +204,7 @@ def test_lock_pins_every_wheel_of_the_set_with_the_hash_of_its_file(tmp_path):
         assert wheels[key].name.split("-")[1] == version
     for line in lock.read_text().splitlines():
         assert line.startswith("#") or re.fullmatch(r"[a-z0-9-]+==\S+( --hash=sha256:[0-9a-f]{64})+", line), line
-    # The same inputs write the same file (a second `pdctl lab up` changes nothing).
+    # The same inputs write the same file (a second `pdctl-lab up` changes nothing).
     before = lock.read_text()
     wheelhouse.write_lock(tmp_path / "wheels", "demo-1", ["alpha==1.0"], ["gamma-x==3.0"])
     assert lock.read_text() == before
@@ -259,7 +259,7 @@ def test_lab_stages_one_lock_per_venv_named_as_the_roles_ask(tmp_path, monkeypat
     monkeypatch.setattr(stage.image, "cache_dir", lambda: tmp_path / "cache")
     monkeypatch.setattr(stage.wheelhouse, "download", fake_download)
     (tmp_path / "cache").mkdir()
-    # A new checkout: `pdctl lab up` stages the wheelhouse before the store (.lab/store) exists.
+    # A new checkout: `pdctl-lab up` stages the wheelhouse before the store (.lab/store) exists.
     stage.ensure_wheels(tmp_path / "lab", ROOT / "inventories" / "lab")
     wheels = tmp_path / "lab" / "store" / "wheels"
     versions = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/versions.yml").read_text())["pdctl_versions"]

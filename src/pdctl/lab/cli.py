@@ -1,6 +1,5 @@
 """`pdctl-lab up|down|status`: the three local test hosts. The lab is the bench, not the product: it has an
-entry point of its own (pyproject.toml's `pdctl-lab`); `pdctl lab ...` is kept as an alias that imports this
-module only when called."""
+entry point of its own (pyproject.toml's `pdctl-lab`), and the `pdctl` command never imports it."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +19,8 @@ def main(argv=None, prog: str = "pdctl-lab") -> int:
     from pdctl.lab import hosts
 
     args = build_parser(prog).parse_args(argv)
+    if args.action == "status":
+        print("== lab hosts")
     return {"up": hosts.up, "down": hosts.down, "status": hosts.status}[args.action](args.inventory)
 
 

@@ -86,7 +86,7 @@ def log(msg):
 
 
 def client_key():
-    """The lab's `tester` client (made by `pdctl lab up`)."""
+    """The lab's `tester` client (made by `pdctl-lab up`)."""
     return stage.client_key(ROOT / ".lab")
 
 

@@ -1,6 +1,6 @@
 """The lab's three test hosts: systemd containers on a private podman network, reached over SSH.
 
-`pdctl lab up` builds a Debian 12 image once (mmdebstrap, cached by content), stages the lab's
+`pdctl-lab up` builds a Debian 12 image once (mmdebstrap, cached by content), stages the lab's
 artifact store, starts one container per host in inventories/lab, and waits until each answers
 SSH. It detects this machine's container quirks (cgroup v1 needs runc; no CAP_SYS_RESOURCE needs
 explicit rlimits at or below the hard limits) instead of hard-coding them.
@@ -255,7 +255,7 @@ def _up(inventory_dir: Path | None) -> int:
                                           ", ".join("%s=%s" % (h.name, h.address) for h in hosts)))
         return 0
     except LabError as exc:
-        print("pdctl lab up: %s" % exc, file=sys.stderr)
+        print("pdctl-lab up: %s" % exc, file=sys.stderr)
         return 1
 
 

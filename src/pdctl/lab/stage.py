@@ -1,4 +1,4 @@
-"""What `pdctl lab up` stages on the controller for the lab hosts, besides the apt repository.
+"""What `pdctl-lab up` stages on the controller for the lab hosts, besides the apt repository.
 
 - secrets: the router API key, a Hub token and the front door's clients (the lab's stand-ins for
   Ansible Vault entries);
@@ -111,7 +111,7 @@ def _build_engine_wheel(dest: Path, identity: dict) -> Path:
     # numpy is not the engine's: NIXL needs it on the lab hosts, where NIXL comes without deps.
     deps = [pins[name] for name in ("aiohttp", "tokenizers", "pyyaml", "jinja2", "numpy")]
     lab = root / "src" / "pdctl" / "lab"
-    files = {"pdctl/__init__.py": b'"""pdctl lab engine stand-in (lab hosts only)."""\n',
+    files = {"pdctl/__init__.py": b'"""pdctl-lab engine stand-in (lab hosts only)."""\n',
              "pdctl/lab/__init__.py": b"",
              "pdctl/lab/tokenizer.py": (lab / "tokenizer.py").read_bytes()}
     for path in sorted((lab / "engine").rglob("*.py")):
@@ -175,7 +175,7 @@ def ensure_wheels(lab_dir: Path, inventory_dir: Path) -> None:
         (cache / ".complete").write_text("\n".join(requirements) + "\n")
         print("lab: staged %d wheels in %.1fs" % (len(list(cache.glob("*.whl"))), time.monotonic() - t0), flush=True)
     target = lab_dir / "store" / "wheels"
-    target.parent.mkdir(parents=True, exist_ok=True)  # staged before the store starts (pdctl lab up)
+    target.parent.mkdir(parents=True, exist_ok=True)  # staged before the store starts (pdctl-lab up)
     if not (target.is_symlink() and os.readlink(target) == str(cache)):
         if target.is_symlink():
             target.unlink()
@@ -248,7 +248,7 @@ def ensure_gate_inputs(lab_dir: Path, inventory_dir: Path) -> None:
 
 
 def stage_all(lab_dir: Path, inventory_dir: Path, bind: str) -> dict[str, float]:
-    """Stage everything but the wheelhouse (`pdctl lab up` stages it beside the image build:
+    """Stage everything but the wheelhouse (`pdctl-lab up` stages it beside the image build:
     ensure_wheels); return the seconds each step took."""
     timings = {}
     for name, step in (("secrets", lambda: ensure_secrets(lab_dir)),

@@ -34,7 +34,7 @@ DCGM_EXPORTER = Path(__file__).resolve().parent / "fakegpu" / "dcgm_exporter.py"
 FAKEGPU_MODULE = "/usr/lib/python3/dist-packages/pdctl_fakegpu.py"
 # Where the kernel module stand-in writes the version it loaded (nvidia_smi.MODULE_VERSION_FILE's directory).
 MODULE_DIR = "/run/pdctl-lab/sys/module/nvidia"
-MAINTAINER = "pdctl lab <pdctl-lab@localhost>"
+MAINTAINER = "pdctl-lab <pdctl-lab@localhost>"
 DEB_REVISION = "1"
 
 
@@ -61,13 +61,13 @@ def manifest() -> dict:
 
 
 def _readme(name: str) -> dict:
-    text = ("%s: pdctl lab stand-in. The lab hosts have no GPUs or kernel access; this package only\n"
+    text = ("%s: pdctl-lab stand-in. The lab hosts have no GPUs or kernel access; this package only\n"
             "carries the real package's name and version so the roles install it as in production.\n" % name)
     return {"/usr/share/doc/%s/README.pdctl-lab" % name: (text, 0o644)}
 
 
 _PERSISTENCED = """#!/bin/sh
-# pdctl lab stand-in for nvidia-persistenced: no GPUs to hold open. Like the real daemon it leaves
+# pdctl-lab stand-in for nvidia-persistenced: no GPUs to hold open. Like the real daemon it leaves
 # persistence mode on unless started with --no-persistence-mode, and off when it stops; the GPU
 # emulator (nvidia-smi) reports what it left in the state file.
 mode=Enabled
@@ -80,7 +80,7 @@ done
 state=/run/nvidia-persistenced/pdctl-lab-persistence-mode
 mkdir -p /run/nvidia-persistenced
 echo "$mode" > "$state"
-echo "nvidia-persistenced (pdctl lab stand-in) started: $* (persistence mode $mode)"
+echo "nvidia-persistenced (pdctl-lab stand-in) started: $* (persistence mode $mode)"
 trap 'echo Disabled > "$state"; exit 0' TERM INT
 sleep infinity &
 wait $!
@@ -88,7 +88,7 @@ wait $!
 
 # As Ubuntu packages it: the unit runs the daemon with --no-persistence-mode (the roles override it).
 _PERSISTENCED_UNIT = """[Unit]
-Description=NVIDIA Persistence Daemon (pdctl lab stand-in)
+Description=NVIDIA Persistence Daemon (pdctl-lab stand-in)
 
 [Service]
 Type=simple
@@ -99,7 +99,7 @@ WantedBy=multi-user.target
 """
 
 _NV_FABRICMANAGER = """#!/usr/bin/python3
-\"\"\"pdctl lab stand-in for nv-fabricmanager: reports the fabric manager version of the host's
+\"\"\"pdctl-lab stand-in for nv-fabricmanager: reports the fabric manager version of the host's
 hardware profile (faults.fabric_manager_version wins, to inject a skew), otherwise idles.\"\"\"
 import signal
 import sys
@@ -127,22 +127,22 @@ if module != version():
     print("fabric manager version %%s is not compatible with the loaded NVIDIA driver %%s" %% (version(), module),
           file=sys.stderr, flush=True)
     sys.exit(1)
-print("nv-fabricmanager (pdctl lab stand-in) %%s started with %%s" %% (version(), " ".join(sys.argv[1:])), flush=True)
+print("nv-fabricmanager (pdctl-lab stand-in) %%s started with %%s" %% (version(), " ".join(sys.argv[1:])), flush=True)
 print("Successfully configured all the available NVSwitches to route GPU NVLink traffic.", flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 signal.pause()
 """
 
 _FM_START = """#!/bin/sh
-# pdctl lab stand-in for nvidia-fabricmanager-start.sh: the real one detects NVLink 5 (an IB device
+# pdctl-lab stand-in for nvidia-fabricmanager-start.sh: the real one detects NVLink 5 (an IB device
 # whose VPD holds SW_MNG), starts NVLSM, then nv-fabricmanager. Here: log the mode and run the stand-in.
 set -eu
-echo "nvidia-fabricmanager-start.sh (pdctl lab stand-in): $*"
+echo "nvidia-fabricmanager-start.sh (pdctl-lab stand-in): $*"
 exec /usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
 """
 
 _FM_UNIT = """[Unit]
-Description=NVIDIA fabric manager service (pdctl lab stand-in)
+Description=NVIDIA fabric manager service (pdctl-lab stand-in)
 After=network-online.target
 
 [Service]
@@ -158,7 +158,7 @@ WantedBy=multi-user.target
 # below, on tmpfs where /sys/module/nvidia/version would be), or on a fresh host at install time, as
 # `modprobe nvidia` does; a module already loaded stays until a reboot or a reload (restart the unit).
 _MODULES = """#!/bin/sh
-# pdctl lab stand-in for loading and unloading the NVIDIA kernel module %(version)s.
+# pdctl-lab stand-in for loading and unloading the NVIDIA kernel module %(version)s.
 set -eu
 dir=%(dir)s
 case "${1:-load}" in
@@ -180,7 +180,7 @@ esac
 """
 
 _MODULES_UNIT = """[Unit]
-Description=NVIDIA kernel module (pdctl lab stand-in)
+Description=NVIDIA kernel module (pdctl-lab stand-in)
 DefaultDependencies=no
 Before=nvidia-persistenced.service nvidia-fabricmanager.service
 
@@ -204,12 +204,12 @@ fi
 """
 
 _NVLSM = """#!/bin/sh
-# pdctl lab stand-in for the NVLink subnet manager (started by nvidia-fabricmanager-start.sh on NVLink 5).
-echo "nvlsm (pdctl lab stand-in) %s"
+# pdctl-lab stand-in for the NVLink subnet manager (started by nvidia-fabricmanager-start.sh on NVLink 5).
+echo "nvlsm (pdctl-lab stand-in) %s"
 """
 
 _NVCC = """#!/bin/sh
-# pdctl lab stand-in for nvcc: reports the toolkit release it belongs to.
+# pdctl-lab stand-in for nvcc: reports the toolkit release it belongs to.
 echo "nvcc: NVIDIA (R) Cuda compiler driver"
 echo "Cuda compilation tools, release %s, V%s"
 """
@@ -219,7 +219,7 @@ echo "Cuda compilation tools, release %s, V%s"
 # file (roles/monitoring points it at pdctl's with a drop-in). The default list, like the real one, leaves the
 # ECC and NVLink error counters out.
 _DCGM_EXPORTER_UNIT = """[Unit]
-Description=NVIDIA DCGM exporter (pdctl lab stand-in)
+Description=NVIDIA DCGM exporter (pdctl-lab stand-in)
 After=network-online.target
 
 [Service]
@@ -231,7 +231,7 @@ Restart=on-failure
 WantedBy=multi-user.target
 """
 
-_DCGM_DEFAULT_COUNTERS = """# pdctl lab stand-in: dcgm-exporter's default list, which leaves the ECC and NVLink error counters out.
+_DCGM_DEFAULT_COUNTERS = """# pdctl-lab stand-in: dcgm-exporter's default list, which leaves the ECC and NVLink error counters out.
 DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).
 DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.
 # DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter, Total number of double-bit volatile ECC errors.
@@ -288,7 +288,7 @@ def standins(versions: dict | None = None, rehearsal: bool = True) -> list[Stand
         s for d in others for s in driver_standins(d, d, d)] + [
         Standin("nvlsm", nvlsm + rev, "NVIDIA NVLink subnet manager",
                 {"/usr/sbin/nvlsm": (_NVLSM % nvlsm, 0o755),
-                 "/usr/share/nvidia/nvlsm/nvlsm.conf": ("# pdctl lab stand-in\n", 0o644)}),
+                 "/usr/share/nvidia/nvlsm/nvlsm.conf": ("# pdctl-lab stand-in\n", 0o644)}),
         Standin("cuda-toolkit-" + cuda.replace(".", "-"), cuda_full + rev, "CUDA Toolkit " + cuda,
                 {"/usr/local/cuda-%s/bin/nvcc" % cuda: (_NVCC % (cuda, cuda_full), 0o755)}),
         Standin("doca-ofed", v["doca"] + rev, "DOCA-OFED (ConnectX drivers and RDMA user space)",
@@ -322,7 +322,7 @@ def _control(s: Standin) -> str:
              "Section: misc", "Priority: optional"]
     if s.depends:
         lines.append("Depends: " + s.depends)
-    lines.append("Description: %s (pdctl lab stand-in)" % s.description)
+    lines.append("Description: %s (pdctl-lab stand-in)" % s.description)
     lines.append(" Same name and version as the real package; lab hosts only.")
     return "\n".join(lines) + "\n"
 

@@ -135,7 +135,7 @@ def _standin_deb(folder: Path, package: str, version: str) -> Path:
     build = folder / (".build-" + package)
     (build / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (build / "DEBIAN" / "control").write_text(
-        "Package: %s\nVersion: %s\nArchitecture: all\nMaintainer: pdctl lab <lab@invalid>\n"
+        "Package: %s\nVersion: %s\nArchitecture: all\nMaintainer: pdctl-lab <lab@invalid>\n"
         "Description: stand-in of an upstream package (pdctl stage tests)\n" % (package, version))
     deb = folder / ("%s_%s_all.deb" % (package, version))
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(build), str(deb)], check=True,

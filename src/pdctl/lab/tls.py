@@ -45,7 +45,7 @@ def ensure(lab_dir: Path, inventory_dir: Path) -> Path:
     ca_path = d / "ca.pem"
     if not ca_path.exists() or not (d / "ca-key.pem").exists():
         ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pdctl lab CA")])
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pdctl-lab CA")])
         ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
               .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -69,7 +69,7 @@ def ensure(lab_dir: Path, inventory_dir: Path) -> Path:
         except ValueError:
             sans.append(x509.DNSName(name))
     cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pdctl lab front door")]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pdctl-lab front door")]))
             .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=825))

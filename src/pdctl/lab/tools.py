@@ -34,7 +34,7 @@ def _cache(cache_dir) -> Path:
 
 @contextlib.contextmanager
 def _exclusive(cache: Path, name: str):
-    """One process at a time fills an entry (scripts/test runs `pdctl lab up` beside the unit tests,
+    """One process at a time fills an entry (scripts/test runs `pdctl-lab up` beside the unit tests,
     and both may want the same tool on a cold cache)."""
     with open(cache / (".%s.lock" % name), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -83,7 +83,7 @@ def exposition(counters, profile=None, hostname=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="dcgm-exporter", description="pdctl lab stand-in for dcgm-exporter")
+    parser = argparse.ArgumentParser(prog="dcgm-exporter", description="pdctl-lab stand-in for dcgm-exporter")
     parser.add_argument("-f", "--collectors", default="/etc/dcgm-exporter/default-counters.csv")
     parser.add_argument("-a", "--address", default=":9400")
     args = parser.parse_args(argv)
@@ -91,7 +91,7 @@ def main(argv=None):
         with open(args.collectors, encoding="utf-8") as handle:
             counters = read_counters(handle.read())
     except (OSError, ValueError) as exc:
-        print("dcgm-exporter (pdctl lab stand-in): %s: %s" % (args.collectors, exc), file=sys.stderr)
+        print("dcgm-exporter (pdctl-lab stand-in): %s: %s" % (args.collectors, exc), file=sys.stderr)
         return 1
     host, _, port = args.address.rpartition(":")
 
@@ -111,7 +111,7 @@ def main(argv=None):
             pass
 
     server = ThreadingHTTPServer((host.strip("[]") or "", int(port)), Handler)
-    print("dcgm-exporter (pdctl lab stand-in) serving %d fields on %s" % (len(counters), args.address), flush=True)
+    print("dcgm-exporter (pdctl-lab stand-in) serving %d fields on %s" % (len(counters), args.address), flush=True)
     server.serve_forever()
     return 0
 

@@ -93,7 +93,7 @@ def load_profile(path=None):
                 data = yaml.safe_load(text)
             return _merge(DEFAULT_PROFILE, data)
     if path or os.environ.get("PDCTL_HW_PROFILE"):
-        raise SystemExit(f"nvidia-smi (pdctl lab emulator): profile {candidates[0]} not found")
+        raise SystemExit(f"nvidia-smi (pdctl-lab emulator): profile {candidates[0]} not found")
     return copy.deepcopy(DEFAULT_PROFILE)
 
 
@@ -445,7 +445,7 @@ def _field(m: Machine, gpu, field):
 def render_query(m: Machine, fields, fmt):
     opts = set(fmt.split(",")) if fmt else set()
     if "csv" not in opts:
-        return 2, "Only CSV output format is supported by the pdctl lab emulator.\n"
+        return 2, "Only CSV output format is supported by the pdctl-lab emulator.\n"
     rows = []
     for gpu in m.gpus:
         row = []
