@@ -27,7 +27,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="session")
 def lab():
     """The three lab hosts, up (built once; reused if already running)."""
-    res = subprocess.run([sys.executable, "-m", "pdctl.cli", "lab", "up"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "pdctl.lab.cli", "up"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, "pdctl-lab up failed:\n%s\n%s" % (res.stdout, res.stderr)
     os.environ.update(LAB_ENV)
     return LAB_INVENTORY
