@@ -22,7 +22,7 @@ SERVING = ["d0", "p0", "p1"]
 
 def plan(hosts=None, standby=True):
     hosts = HOSTS if hosts is None else hosts
-    instances = [{"name": n, "host": h, "pool": n.split("-")[0], "gpus": [0, 1], "url": "http://%s/%s" % (h, n)}
+    instances = [{"name": n, "host": h, "pool": n.split("-", maxsplit=1)[0], "gpus": [0, 1], "url": "http://%s/%s" % (h, n)}
                  for n, h in hosts.items()]
     routers = [{"host": "d0", "standby_port": 8001}, {"host": "p0", "standby_port": 8001 if standby else None}]
     return {"instances": instances, "routers": routers}
