@@ -1,17 +1,26 @@
-"""Jinja filter over the rollout plan (plugins/module_utils/rollout_plan.py): the steps of an upgrade or a
-maintenance, the capacity at each, and the estimate from the inventory's timing model.
+"""Jinja filters over the rollout plan (plugins/module_utils/rollout_plan.py): the steps of an upgrade or a
+maintenance, the capacity at each, and the estimate from the inventory's timing model; and over the rollout
+decisions (rollout_state.py, upgrade_decide.py), which playbooks/upgrade.yml and upgrade_pass.yml set their
+facts from.
 
     preflight_plan | pdctl.vllm_pd.rollout_plan('prefill', pdctl_rollout_timing, pending=[...], gated=true,
                                                 admission=preflight_plan.frontdoor | pdctl.vllm_pd.admission_share(...))
     -> {"steps": [...], "summary": {...},
         "lines": ["title", "  1. [prefill 4/4, decode GPUs 8/8, admits 64 + queue 128] ...", ...]}
+
+The upgrade's decisions are documented beside this file (upgrade_target.yml, upgrade_rolls.yml,
+rollout_lender.yml: `ansible-doc -t filter pdctl.vllm_pd.upgrade_rolls`).
 """
 from __future__ import annotations
+
+import base64
+import json
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan as rp
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_state as rs
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import upgrade_decide as ud
 
 TITLES = {"prefill": "Rollout plan: a change of instances, one at a time (prefill behind the standby routers, the "
                      "decode behind a temporary decode)",
@@ -46,7 +55,41 @@ def rollout_config_id(hostvars, hosts):
     return rs.config_id({host: rollout_vars(hostvars, host) for host in hosts})
 
 
+def rollout_lender(plan):
+    """The prefill instance whose GPUs carry the temporary decode while a decode instance is out."""
+    return rp.lender(plan)
+
+
+def upgrade_target(journals, configured, rollback=False, retry=False, journal_file=ud.JOURNAL_FILE):
+    """The release a run of upgrade.yml aims at, from the serving hosts' release-switch records
+    (upgrade_decide.target)."""
+    return ud.target([dict(j) for j in journals if isinstance(j, dict)], configured, rollback, retry, journal_file)
+
+
+def _host_report(hostvars, host):
+    """What upgrade_decide.rolls reads of one serving host, as plain data: the vllm role's stage.yml facts and
+    the decode turn record upgrade_pass.yml slurped."""
+    hv = hostvars[host]
+    turn = (hv.get("upgrade_turn_record") or {}).get("content")
+    link = ((hv.get("vllm_current_link") or {}).get("stat") or {}).get("lnk_target") or ""
+    try:
+        record = json.loads(base64.b64decode(turn)) if turn else None
+    except ValueError as exc:
+        raise AnsibleFilterError("%s: unreadable decode turn record: %s" % (host, exc)) from exc
+    return {"pending": list(hv.get("vllm_pending_instances") or ()), "release_changes": bool(hv.get("vllm_release_changes")),
+            "stopped": list(hv.get("vllm_stopped_instances") or ()), "turn": record, "current": str(link)}
+
+
+def upgrade_rolls(plan, hostvars, serving, journal, target_release, rolling_back,
+                  journal_file=ud.JOURNAL_FILE, turn_file=ud.TURN_FILE):
+    """What one pass of upgrade_pass.yml rolls, from what the serving hosts reported (upgrade_decide.rolls)."""
+    hosts = {host: _host_report(hostvars, host) for host in serving}
+    return ud.rolls(list(plan["instances"]), list(plan.get("routers") or ()), list(serving), hosts, dict(journal or {}),
+                    target_release, bool(rolling_back), journal_file, turn_file)
+
+
 class FilterModule:
     def filters(self):
         return {"rollout_plan": rollout_plan, "rollout_vars": rollout_vars, "rollout_config_id": rollout_config_id,
-                "rollout_current": rs.current, "rollout_decide": rs.decide, "rollout_record": rs.record}
+                "rollout_current": rs.current, "rollout_decide": rs.decide, "rollout_record": rs.record,
+                "rollout_lender": rollout_lender, "upgrade_target": upgrade_target, "upgrade_rolls": upgrade_rolls}

@@ -149,20 +149,28 @@ def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
         s.add("%s back: the routers take the front door, the standby drains and leaves" % inst["name"],
               s.HOME, n, dgpus)
     for inst in decode:
-        lender = s.prefill[-1]
+        lent = lender(plan)
         s.add("%s out: %s leaves the routers, drains and stops; a temporary decode starts on its GPUs; the routers "
               "pair the other prefill instances with it, a canary, the front door back to them"
-              % (inst["name"], lender["name"]), s.temporary_decode_in(), n - 1, len(lender["gpus"]))
+              % (inst["name"], lent["name"]), s.temporary_decode_in(), n - 1, len(lent["gpus"]))
         s.add("%s restarts on its new unit: a canary on the old one, stop once idle, load, /health, the "
               "same canary" % inst["name"], ["canary_s", "engine_stop_s", "engine_ready_s", "canary_s"],
-              n - 1, len(lender["gpus"]))
+              n - 1, len(lent["gpus"]))
         s.add("%s back: the standby routers take the front door with it; the temporary decode stops, %s starts "
-              "again; the routers on the plan's membership take the front door back" % (inst["name"], lender["name"]),
+              "again; the routers on the plan's membership take the front door back" % (inst["name"], lent["name"]),
               s.temporary_decode_out(), n, dgpus)
     if gated and (todo or decode):
         s.add("the gates (SLA, accuracy) through the front door; a failure rolls the same instances back, one at a "
               "time, to the configuration before the change", ["gates_s"], n, dgpus)
     return s.steps
+
+
+def lender(plan):
+    """The prefill instance whose GPUs carry the temporary decode while a decode instance is out (a decode
+    change, the decode host's maintenance turn): the last one by name, so that every run lends the same one
+    and a resumed run finds its temporary decode. None without prefill instances."""
+    prefill = sorted((i for i in plan["instances"] if i["pool"] == "prefill"), key=lambda i: i["name"])
+    return prefill[-1] if prefill else None
 
 
 def staging(plan):
@@ -182,18 +190,18 @@ def release_steps(plan, timing, gated=True, admission=None):
     """A new engine release: the two-pool switch (playbooks/tasks/upgrade_release.yml), then the gates."""
     s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
-    host, (first, lender) = staging(plan)[0], staging(plan)[1][:2]
+    host, (first, lent) = staging(plan)[0], staging(plan)[1][:2]
     staged = [i for i in s.prefill if i["host"] == host]
     s.add("preflight, read the hosts; every host installs the new release's venv beside the old one and "
           "checks every argv (nothing restarts)", ["run_s", "release_stage_s"], n, dgpus)
     s.add("%s leaves the old pool: the standby router without its instances takes the front door, "
           "the routers' streams finish" % host, ["router_ready_s"] + s.AWAY, n - len(staged), dgpus)
     s.add("%s switches: its instances stop; %s starts on the new release and a temporary decode on %s's "
-          "GPUs (in parallel)" % (host, first["name"], lender["name"]),
+          "GPUs (in parallel)" % (host, first["name"], lent["name"]),
           ["engine_stop_s", "engine_ready_s", "canary_s"], n - len(staged), dgpus)
     s.add("the router restarts with the new pair only, a canary through it; the front door moves to it and "
           "the old pool's streams finish behind the standby", ["router_ready_s", "canary_s"] + s.HOME,
-          1, len(lender["gpus"]))
+          1, len(lent["gpus"]))
     hosts = []
     for inst in sorted(plan["instances"], key=lambda i: (i["pool"] != "prefill", i["name"])):
         if inst["host"] != host and inst["host"] not in hosts:
@@ -202,10 +210,10 @@ def release_steps(plan, timing, gated=True, admission=None):
         mine = [i for i in plan["instances"] if i["host"] == other]
         s.add("%s switches (idle): its instances stop, then start on the new release one at a time, a canary "
               "each (%s)" % (other, ", ".join(sorted(i["name"] for i in mine))),
-              ["engine_stop_s"] + ["engine_ready_s", "canary_s"] * len(mine), 1, len(lender["gpus"]))
+              ["engine_stop_s"] + ["engine_ready_s", "canary_s"] * len(mine), 1, len(lent["gpus"]))
     s.add("the standby with the whole new pool but the temporary decode takes the front door; the routers' "
           "streams finish", ["router_ready_s"] + s.AWAY, n - 1, dgpus)
-    s.add("the temporary decode stops; %s starts on its GPUs, a canary" % lender["name"],
+    s.add("the temporary decode stops; %s starts on its GPUs, a canary" % lent["name"],
           ["engine_stop_s", "engine_ready_s", "canary_s"], n - 1, dgpus)
     s.add("the router restarts on the plan's membership and takes the front door back; the standby leaves",
           ["router_ready_s"] + s.HOME, n, dgpus)
@@ -231,14 +239,14 @@ def maintenance_steps(plan, timing, hosts=None, reload_hosts=(), admission=None)
         activate = "module_reload_s" if host in reload_hosts else "reboot_s"
         how = "module reload" if host in reload_hosts else "reboot"
         if any(i["pool"] == "decode" for i in mine):
-            lender = s.prefill[-1]
+            lent = lender(plan)
             s.add("%s out: %s leaves the routers, drains and stops; a temporary decode starts on its GPUs; the "
                   "routers pair the other prefill instances with it, a canary, the front door back to them"
-                  % (host, lender["name"]), s.temporary_decode_in(), n - 1, len(lender["gpus"]))
+                  % (host, lent["name"]), s.temporary_decode_in(), n - 1, len(lent["gpus"]))
             s.add("%s: its instances stop once idle; host stack, %s, post-checks"
-                  % (host, how), ["engine_stop_s", "host_stack_s", activate], n - 1, len(lender["gpus"]))
+                  % (host, how), ["engine_stop_s", "host_stack_s", activate], n - 1, len(lent["gpus"]))
             s.add("%s back: its instances start, a canary each; the temporary decode stops and %s starts again; "
-                  "the routers on the plan's membership take the front door back" % (host, lender["name"]),
+                  "the routers on the plan's membership take the front door back" % (host, lent["name"]),
                   ["engine_ready_s", "canary_s"] * len(mine) + s.temporary_decode_out(), n, dgpus)
         else:
             out = len([i for i in mine if i["pool"] == "prefill"])
