@@ -127,6 +127,15 @@ class _Steps:
                 + self.routers_in_turn + self.HOME)
 
 
+def lender(instances):
+    """The prefill instance whose GPUs carry a temporary decode while the decode is away (a decode instance's
+    change, the decode host's maintenance): the last prefill instance by name. instances: the plan's list."""
+    prefill = sorted((i for i in instances if i["pool"] == "prefill"), key=lambda i: i["name"])
+    if not prefill:
+        raise PlanError("no prefill instance can lend its GPUs to a temporary decode")
+    return prefill[-1]
+
+
 def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
     """A change of instances' flags or environment: prefill instances rolled one at a time behind the standby
     routers (playbooks/tasks/upgrade_instance.yml), then a decode instance behind a temporary decode
@@ -149,15 +158,15 @@ def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
         s.add("%s back: the routers take the front door, the standby drains and leaves" % inst["name"],
               s.HOME, n, dgpus)
     for inst in decode:
-        lender = s.prefill[-1]
+        lent = lender(plan["instances"])
         s.add("%s out: %s leaves the routers, drains and stops; a temporary decode starts on its GPUs; the routers "
               "pair the other prefill instances with it, a canary, the front door back to them"
-              % (inst["name"], lender["name"]), s.temporary_decode_in(), n - 1, len(lender["gpus"]))
+              % (inst["name"], lent["name"]), s.temporary_decode_in(), n - 1, len(lent["gpus"]))
         s.add("%s restarts on its new unit: a canary on the old one, stop once idle, load, /health, the "
               "same canary" % inst["name"], ["canary_s", "engine_stop_s", "engine_ready_s", "canary_s"],
-              n - 1, len(lender["gpus"]))
+              n - 1, len(lent["gpus"]))
         s.add("%s back: the standby routers take the front door with it; the temporary decode stops, %s starts "
-              "again; the routers on the plan's membership take the front door back" % (inst["name"], lender["name"]),
+              "again; the routers on the plan's membership take the front door back" % (inst["name"], lent["name"]),
               s.temporary_decode_out(), n, dgpus)
     if gated and (todo or decode):
         s.add("the gates (SLA, accuracy) through the front door; a failure rolls the same instances back, one at a "
@@ -231,14 +240,14 @@ def maintenance_steps(plan, timing, hosts=None, reload_hosts=(), admission=None)
         activate = "module_reload_s" if host in reload_hosts else "reboot_s"
         how = "module reload" if host in reload_hosts else "reboot"
         if any(i["pool"] == "decode" for i in mine):
-            lender = s.prefill[-1]
+            lent = lender(plan["instances"])
             s.add("%s out: %s leaves the routers, drains and stops; a temporary decode starts on its GPUs; the "
                   "routers pair the other prefill instances with it, a canary, the front door back to them"
-                  % (host, lender["name"]), s.temporary_decode_in(), n - 1, len(lender["gpus"]))
+                  % (host, lent["name"]), s.temporary_decode_in(), n - 1, len(lent["gpus"]))
             s.add("%s: its instances stop once idle; host stack, %s, post-checks"
-                  % (host, how), ["engine_stop_s", "host_stack_s", activate], n - 1, len(lender["gpus"]))
+                  % (host, how), ["engine_stop_s", "host_stack_s", activate], n - 1, len(lent["gpus"]))
             s.add("%s back: its instances start, a canary each; the temporary decode stops and %s starts again; "
-                  "the routers on the plan's membership take the front door back" % (host, lender["name"]),
+                  "the routers on the plan's membership take the front door back" % (host, lent["name"]),
                   ["engine_ready_s", "canary_s"] * len(mine) + s.temporary_decode_out(), n, dgpus)
         else:
             out = len([i for i in mine if i["pool"] == "prefill"])
