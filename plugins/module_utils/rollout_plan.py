@@ -23,7 +23,7 @@ KINDS = ("prefill", "release", "maintenance")
 # Every part of the timing model, in seconds. `drain_s` is what the estimate counts for one wait on
 # streams in flight; `drain_bound_s` is the longest such a wait may last (the longest stream the SLA
 # allows): the estimate's upper figure counts every drain at its bound. The front door's moves are the
-# drains (upgrade_frontdoor_away.yml waits for the routers' streams, _home.yml for the standbys'); an
+# drains (roles/traffic: frontdoor_away waits for the routers' streams, frontdoor_home for the standbys'); an
 # instance stops only after the routers that sent to it have drained, so its own idle check is part of
 # `engine_stop_s`.
 TIMING_KEYS = {
@@ -81,10 +81,10 @@ def _gpus(instances):
 class _Steps:
     """Collects steps; `t` is the timing model, `drains` counts the drain waits of the current step;
     `admission` the front door's full limits ({'inflight', 'queue'}) or None. `routers_in_turn` is what one
-    membership change of playbooks/tasks/maintenance_routers.yml waits on (maintenance, a temporary decode):
+    membership change of roles/traffic's routers entry point waits on (maintenance, a temporary decode):
     each router host's router (or standby) restarts in turn; `canaries` one canary through each router."""
 
-    # A move of the front door (upgrade_frontdoor_away.yml / _home.yml) and the drain of what it left.
+    # A move of the front door (roles/traffic: frontdoor_away / frontdoor_home) and the drain of what it left.
     AWAY = HOME = ["frontdoor_s", "drain_s"]
 
     def __init__(self, plan, timing, admission=None):

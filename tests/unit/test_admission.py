@@ -150,16 +150,17 @@ def test_pdctl_upgrade_plan_prints_the_admission_of_each_step(capsys):
 
 
 def _moves(tasks, inherited=None, found=None):
-    """Every include of upgrade_frontdoor_away.yml / upgrade_frontdoor_home.yml: (target, task name, vars with
-    the enclosing blocks')."""
+    """Every move of the front door (pdctl.vllm_pd.traffic's frontdoor_away / frontdoor_home): (entry point, task
+    name, vars with the enclosing blocks')."""
     found = [] if found is None else found
     for task in tasks or []:
         scope = dict(inherited or {}, **(task.get("vars") or {}))
         for key in ("block", "rescue", "always"):
             _moves(task.get(key), scope, found)
-        target = task.get("ansible.builtin.include_tasks") or ""
-        if target.endswith(("upgrade_frontdoor_away.yml", "upgrade_frontdoor_home.yml")):
-            found.append((target.rsplit("/", 1)[-1], task["name"], scope))
+        role = task.get("ansible.builtin.include_role") or {}
+        target = role.get("tasks_from", "").removesuffix(".yml") if role.get("name") == "pdctl.vllm_pd.traffic" else ""
+        if target in ("frontdoor_away", "frontdoor_home"):
+            found.append((target, task["name"], scope))
     return found
 
 
@@ -215,12 +216,12 @@ def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
         name = path.name
         for target, task, scope in _moves(tasks):
             variables = dict(context, **scope)
-            if target == "upgrade_frontdoor_away.yml" or "upgrade_check_decode" in scope:
+            if target == "frontdoor_away" or "traffic_check_decode" in scope:
                 # The move's target serves less than the plan: the call site must say how much.
-                assert "upgrade_capacity" in scope, "%s: %r gives no upgrade_capacity" % (name, task)
-            if "upgrade_capacity" in scope:
-                got = _template(scope["upgrade_capacity"], variables)
-            else:   # upgrade_frontdoor_home.yml's default: the plan's whole capacity
+                assert "traffic_capacity" in scope, "%s: %r gives no traffic_capacity" % (name, task)
+            if "traffic_capacity" in scope:
+                got = _template(scope["traffic_capacity"], variables)
+            else:   # frontdoor_home's default: the plan's whole capacity
                 got = adm.capacity(B300)
             seen.setdefault((name, task), []).append((got["prefill_in_service"], got["decode_gpus_in_service"]))
     assert {k: v[0] if len(v) == 1 else v for k, v in seen.items()} == EXPECTED

@@ -360,11 +360,11 @@ def test_the_roles_admission_step_restores_what_the_plan_serves_less_a_quarantin
 
 
 def test_a_traffic_move_sets_every_front_door_to_what_its_target_serves(door):
-    """playbooks/tasks/frontdoor_admission.yml, as upgrade_frontdoor_away/home.yml call it: the release switch's
+    """pdctl.vllm_pd.traffic's admission entry point, as its frontdoor_away/home call it: the release switch's
     pair phase (1 of 4 prefill, the temporary decode on 4 of 8 GPUs) lowers the P/D and degraded admission."""
     pair = {"prefill_in_service": 1, "prefill_total": 4, "decode_gpus_in_service": 4, "decode_gpus_total": 8}
-    include = {"name": "Admission", "ansible.builtin.include_tasks": str(ROOT / "playbooks/tasks/frontdoor_admission.yml"),
-               "vars": {"upgrade_admission": pair}}
+    include = {"name": "Admission", "ansible.builtin.include_role": {"name": "pdctl.vllm_pd.traffic", "tasks_from": "admission"},
+               "vars": {"traffic_admission_capacity": pair}}
     out = _play(door, [include], "--check", "--diff")
     assert "64 in flight, queue 128" in out and "16 in flight, queue 32" in out and "changed=1" in out
     assert door.limits() == FULL   # check mode: nothing set
@@ -373,6 +373,6 @@ def test_a_traffic_move_sets_every_front_door_to_what_its_target_serves(door):
     assert door.limits() == (16, 32)
     assert door.limits("be_admission_degraded", "proc.pdctl_admission_degraded_queue") == (8, 16)
     # Lowering only, to more than it admits now: nothing changes.
-    out = _play(door, [dict(include, vars={"upgrade_admission": dict(pair, prefill_in_service=3, decode_gpus_in_service=8),
-                                          "frontdoor_admission_lower_only": True})])
+    out = _play(door, [dict(include, vars={"traffic_admission_capacity": dict(pair, prefill_in_service=3, decode_gpus_in_service=8),
+                                          "traffic_admission_lower_only": True})])
     assert "changed=0" in out and door.limits() == (16, 32)

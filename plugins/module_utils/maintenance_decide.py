@@ -1,0 +1,130 @@
+# -*- coding: utf-8 -*-
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a run of playbooks/maintenance.yml does, from what the hosts say (docs/maintenance.md).
+
+Host maintenance takes one serving host at a time out of service, runs the host stack (a new NVIDIA driver
+release, a kernel update's reboot) and brings it back. The hosts say what is left to do, so a run that was
+interrupted resumes where it stopped and a second run changes nothing:
+
+- read(): one host's state, from the lines the first play's read prints (the loaded NVIDIA module, the
+  driver release's installed packages, each planned instance's unit state, the decode turn's record, the
+  reboot the host asks for): what is left to do on it, its instances that are down, whether it must reboot.
+  A decode turn that an earlier run started and did not finish left its record (maintenance_turn_file,
+  written before anything changes, removed at the turn's end): the host takes its turn again.
+- order(): the hosts' turns. Prefill hosts first, the decode host last (its turn needs every prefill host
+  but the lender serving). A prefill host whose instances are down already (one that failed its checks in
+  an earlier run) goes first: taking it out costs no capacity, and the others need it back before they
+  leave. Hosts with nothing to do take no turn.
+- turn(): one host's turn. Its instances (by name); a decode turn (the host runs a decode instance: a
+  temporary decode on the lender's GPUs serves meanwhile); whether it serves nothing (every instance down
+  already: it takes its turn whatever the others do, and nothing of it leaves the routers); the lender
+  (rollout_plan.lender); the prefill instances of the other hosts that must carry the service while it is
+  out; how the new driver is taken into use (a host that runs a router or a front door reloads the module,
+  it must not reboot: the service would stop); the hosts done before it and those left, for the failure
+  message.
+- rescue(): the membership the routers take when a turn fails: every instance but the host's, and in a
+  decode turn the temporary decode where it still runs (the decode is not back).
+
+Pure functions of plain data (the plan of topology.build_plan, lists of lines, {host: facts}), so each
+resume point is unit-tested without hosts (tests/unit/plugins/module_utils/test_maintenance_decide.py).
+"""
+from __future__ import annotations
+
+import re
+
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import lender
+
+# Lines of the first play's read: "module <version|none>", "package <name> <version>", "unit <unit> <state>",
+# "turn <record>", "reboot <packages>".
+_ACTIVE = re.compile(r".* active$")
+
+
+def _lines(lines, prefix):
+    return [line for line in lines or () if line.startswith(prefix)]
+
+
+def reboot_needs(plan, host):
+    """What a reboot of `host` would need so that the service does not stop with it: another router host, if
+    it runs the only router; a second front-door host behind a virtual address, if it runs a front door."""
+    routers = [r["host"] for r in plan.get("routers") or ()]
+    frontdoor = plan.get("frontdoor") or {}
+    hosts = frontdoor.get("hosts") or []
+    needs = []
+    if host in routers and len(routers) < 2:
+        needs.append("another router host")
+    if host in hosts and not (frontdoor.get("vip") and len(hosts) > 1):
+        needs.append("a second front-door host behind a virtual address (pdctl_frontdoor_vip)")
+    return needs
+
+
+def read(lines, driver, turn_file, plan=None, host=None):
+    """One host's state from the read's lines. driver: the manifest's NVIDIA driver release; turn_file: where
+    a decode turn is recorded. -> {todo: [what is left, in words], instances_down: [the read's lines of
+    instances not active], reboot_required: bool, reboot_needs: [what a reboot needs first] (with plan and
+    host)}."""
+    module = next(iter(_lines(lines, "module ")), "module none").split(" ")[1]
+    packages = [line[len("package "):] for line in _lines(lines, "package ")]
+    down = [line for line in _lines(lines, "unit ") if not _ACTIVE.match(line)]
+    reboot = _lines(lines, "reboot")
+    todo = [] if module == driver else ["NVIDIA kernel module %s loaded, %s in the manifest" % (module, driver)]
+    # Installed packages of another release (held or not); the manifest's release has "<name> <driver>-<rev>".
+    todo += ["package " + p for p in packages if not re.search(" %s-" % re.escape(str(driver)), p)]
+    todo += ["instance " + line[len("unit "):] for line in down]
+    if _lines(lines, "turn "):
+        todo.append("an interrupted decode turn (%s)" % turn_file)
+    if reboot:
+        # Debian's and Ubuntu's packages write /run/reboot-required (a kernel update); an operator may too.
+        pkgs = reboot[0][7:].strip()
+        todo.append("a reboot (/run/reboot-required%s)" % (": " + pkgs if pkgs else ""))
+    state = {"todo": todo, "instances_down": down, "reboot_required": bool(reboot)}
+    if plan is not None:
+        state["reboot_needs"] = reboot_needs(plan, host) if reboot else []
+    return state
+
+
+def order(groups, hostvars, play_hosts):
+    """The hosts' turns, from each play host's read() facts (hostvars[host]: maintenance_todo,
+    maintenance_instances_down, maintenance_reboot_required) and the inventory's groups. -> {hosts: the turns
+    in order, reload_hosts: the router and front-door hosts that reload the driver module (those that do not
+    have to reboot for a kernel update)}."""
+    prefill = list(groups.get("prefill") or ())
+    serving = prefill + list(groups.get("decode") or ())
+    todo = [h for h in serving if h in play_hosts and hostvars[h].get("maintenance_todo")]
+    down = [h for h in play_hosts if hostvars[h].get("maintenance_instances_down")]
+    hosts = ([h for h in todo if h in prefill and h in down] + [h for h in todo if h in prefill and h not in down]
+             + [h for h in todo if h not in prefill])
+    reboot = [h for h in play_hosts if hostvars[h].get("maintenance_reboot_required")]
+    reload_hosts = [h for h in list(groups.get("router") or ()) + list(groups.get("frontdoor") or ()) if h not in reboot]
+    return {"hosts": hosts, "reload_hosts": reload_hosts}
+
+
+def turn(plan, host, instances_down, groups, hosts=()):
+    """One host's turn. instances_down: its read()'s; hosts: the run's turns in order (order()). -> {instances,
+    decode_turn, serves_nothing, lender, carriers: the other hosts' prefill instances that serve while it is
+    out (the lender aside in a decode turn), activation: reload | reboot, done: the turns before it, left: the
+    turns after it}."""
+    mine = sorted((i for i in plan["instances"] if i["host"] == host), key=lambda i: i["name"].lower())
+    decode_turn = any(i["pool"] == "decode" for i in mine)
+    lent = lender(plan)
+    carriers = [i for i in plan["instances"] if i["pool"] == "prefill" and i["host"] != host
+                and not (decode_turn and lent and i["name"] == lent["name"])]
+    hosts = list(hosts)
+    done = hosts[:hosts.index(host)] if host in hosts else []
+    return {"instances": mine, "decode_turn": decode_turn,
+            "serves_nothing": len(instances_down or ()) >= len(mine),
+            "lender": lent, "carriers": carriers,
+            "activation": "reload" if host in list(groups.get("router") or ()) + list(groups.get("frontdoor") or ()) else "reboot",
+            "done": done, "left": [h for h in hosts if h not in done and h != host]}
+
+
+def rescue(plan, instances, lent, running):
+    """The routers' membership after a failed turn. instances: the turn's; lent: its lender; running: the
+    names of what runs now, among the turn's instances, the lender and "decode-temporary" (a decode turn).
+    -> {temporary: whether the temporary decode still serves, prefill_urls, decode_urls}."""
+    out = {i["url"] for i in instances}
+    temporary = "decode-temporary" in running
+    prefill = [i["url"] for i in plan["instances"] if i["pool"] == "prefill" and i["url"] not in out
+               and not (temporary and i["url"] == lent["url"])]
+    decode = [lent["url"]] if temporary else [i["url"] for i in plan["instances"] if i["pool"] == "decode" and i["url"] not in out]
+    return {"temporary": temporary, "prefill_urls": prefill, "decode_urls": decode}
