@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import lender
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import PlanError, lender
 
 # Lines of the first play's read: "module <version|none>", "package <name> <version>", "unit <unit> <state>",
 # "turn <record>", "reboot <packages>".
@@ -107,8 +107,10 @@ def turn(plan, host, instances_down, groups, hosts=()):
     mine = sorted((i for i in plan["instances"] if i["host"] == host), key=lambda i: i["name"].lower())
     decode_turn = any(i["pool"] == "decode" for i in mine)
     lent = lender(plan)
+    if lent is None:
+        raise PlanError("no prefill instance can lend its GPUs to a temporary decode")
     carriers = [i for i in plan["instances"] if i["pool"] == "prefill" and i["host"] != host
-                and not (decode_turn and lent and i["name"] == lent["name"])]
+                and not (decode_turn and i["name"] == lent["name"])]
     hosts = list(hosts)
     done = hosts[:hosts.index(host)] if host in hosts else []
     return {"instances": mine, "decode_turn": decode_turn,
