@@ -3,6 +3,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,23 @@ def collection_tarball(tmp_path_factory):
     subprocess.run([GALAXY, "collection", "build", str(ROOT), "--output-path", str(build)],
                    check=True, capture_output=True, text=True)
     return next(build.glob("pdctl-vllm_pd-*.tar.gz"))
+
+
+# The lab's parts inside the collection's own directories, which the tarball leaves out (galaxy.yml
+# build_ignore): its emulated-hardware role and its engine stand-in's documentation.
+LAB_ROLES = {"lab_hardware"}
+LAB_FILES = ("roles/lab_hardware", "docs/engine-standin.md")
+
+
+def tarball_names(tarball) -> list:
+    """Every entry of a built collection tarball."""
+    with tarfile.open(tarball) as tar:
+        return tar.getnames()
+
+
+def tarball_text(tarball, name) -> str:
+    with tarfile.open(tarball) as tar:
+        return tar.extractfile(name).read().decode()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ ROOT = collection.root()
 # (tests/fixtures/inventories/README.md). PRODUCTION is the real one, for tests whose point it is.
 B300 = ROOT / "tests" / "fixtures" / "inventories" / "b300"
 PRODUCTION = ROOT / "inventories" / "b300"
+# Hosts, secrets and the front doors' address only: everything else from the defaults layer (roles/pdctl_defaults).
+MINIMAL = ROOT / "tests" / "fixtures" / "inventories" / "minimal"
 
 
 def inventory_variant(dest: Path, overrides: dict | None = None, base: str = "lab") -> Path:

@@ -8,7 +8,8 @@ import os
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import firewall, hwprofile, serving, topology, varnames
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import (defaults_layer, firewall, hwprofile, serving, topology,
+                                                                    varnames)
 
 
 def plan(hostvars, groups):
@@ -18,7 +19,8 @@ def plan(hostvars, groups):
         hv = hostvars[name]
         hosts[name] = {
             "groups": list(hv.get("group_names", [])),
-            "vars": {k: hv[k] for k in topology.PLAN_VARS if k in hv},
+            # Another host's hostvars hold no role defaults: the defaults layer fills in what the inventory leaves out.
+            "vars": defaults_layer.layered({k: hv[k] for k in topology.PLAN_VARS if k in hv}, topology.PLAN_VARS),
             # The planner refuses a pdctl_* name nothing reads (the untemplated variables, to see which
             # names the inventory's own templates read).
             "names": varnames.unread_names(hostvars.raw_get(name) if hasattr(hostvars, "raw_get") else hv),

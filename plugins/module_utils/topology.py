@@ -9,7 +9,9 @@ Pure standard library so it runs inside Ansible modules, filter plugins and the 
 
 Inventory contract (per host, after Ansible merged group_vars/host_vars):
   pdctl_gpu_count          int, GPUs on the host
-  pdctl_instances          list of {pool, [name], [gpus], [api_port], [side_channel_port], [dp_rpc_port]}
+  pdctl_instances          list of {pool, [name], [gpus], [api_port], [side_channel_port], [dp_rpc_port]};
+                           unset, a host of one pool's group fills its GPUs with that pool's instances
+                           (default_instances: the recipe's two prefill instances, one decode instance)
   pdctl_pools              {pool: {tensor_parallel_size, data_parallel_size}}
   pdctl_ports              {api_base, side_channel_base, dp_rpc_base, router, router_metrics,
                             frontdoor, frontdoor_metrics (front-door hosts only), and host-level ports
@@ -192,11 +194,40 @@ def _truthy(value):
     return value is True or str(value).strip().lower() in ("true", "yes", "on", "1")
 
 
+def default_instances(host, hostvars, groups, problems):
+    """The instances of a host without pdctl_instances: a host in one pool's group fills its GPUs with that
+    pool's instances, pdctl_gpu_count // (tensor_parallel_size x data_parallel_size) of them (at least one, so
+    that a pool bigger than the host is reported as such); a host in no pool's group runs none. A host in
+    both pools' groups must say which it runs."""
+    pools = [pool for pool in KNOWN_POOLS if pool in groups]
+    if len(pools) > 1:
+        problems.append("%s: in the %s groups without pdctl_instances: set it (which instances the host runs)"
+                        % (host, " and ".join(pools)))
+        return []
+    if not pools:
+        return []
+    ignored = []  # the pool's and the GPU count's own problems are reported where the instances are placed
+    settings = _pool_settings(host, hostvars, pools[0], ignored)
+    gpu_count = _as_int(hostvars.get("pdctl_gpu_count", 0), "pdctl_gpu_count", ignored)
+    if settings is None or gpu_count is None:
+        return [{"pool": pools[0]}]
+    per = settings[0] * settings[1]
+    if gpu_count > per and gpu_count % per:
+        # A GPU count that is wrong (or a host that lost GPUs) must not silently drop an instance.
+        problems.append("%s: pdctl_gpu_count %d is not a multiple of the %s pool's TP%d x DP%d: GPUs %s would sit "
+                        "idle (set pdctl_instances)" % (host, gpu_count, pools[0], settings[0], settings[1],
+                                                         ",".join(str(g) for g in range(gpu_count - gpu_count % per,
+                                                                                          gpu_count))))
+    return [{"pool": pools[0]}] * max(1, gpu_count // per)
+
+
 def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
     """Place the host's instances on its GPUs and ports; return instance dicts.
 
     frontdoor: the host runs the front door, so its ports join the host's clash check."""
-    raw = hostvars.get("pdctl_instances") or []
+    raw = hostvars.get("pdctl_instances")
+    if raw is None:
+        raw = default_instances(host, hostvars, groups, problems)
     if not isinstance(raw, list):
         problems.append("%s: pdctl_instances must be a list, found %s" % (host, type(raw).__name__))
         return []

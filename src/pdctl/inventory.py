@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from pdctl import collection
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology, varnames
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import defaults_layer, topology, varnames
 
 
 class InventoryError(Exception):
@@ -36,13 +36,15 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
         variables = VariableManager(loader=loader, inventory=inv)
         hosts = {}
         for host in inv.get_hosts():
-            hv = variables.get_vars(host=host, include_hostvars=False)
+            raw = variables.get_vars(host=host, include_hostvars=False)
+            # What a play sees: the defaults layer (roles/pdctl_defaults) under the inventory.
+            hv = defaults_layer.layered(raw, names or topology.PLAN_VARS)
             templar = Templar(loader=loader, variables=hv)
             wanted = {k: v for k, v in hv.items() if k in (names or topology.PLAN_VARS)}
             hosts[host.name] = {
                 "groups": sorted(g.name for g in host.get_groups() if g.name != "all"),
                 "vars": templar.template(wanted),
-                "names": varnames.unread_names(hv),  # the planner refuses a pdctl_* name nothing reads
+                "names": varnames.unread_names(raw),  # the planner refuses a pdctl_* name nothing reads
             }
     except AnsibleError as exc:
         raise InventoryError("cannot read inventory %s: %s" % (path, exc)) from exc

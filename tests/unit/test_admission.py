@@ -2,20 +2,21 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Admission follows capacity (issue 41): the rule (module_utils/admission.py), the limits each rollout step
 prints, and the capacity each traffic move of the playbooks hands the front doors, templated here from the
-playbooks' own expressions against the production plan."""
+playbooks' own expressions against the plan of the tests' production inventory (its three hosts: the figures
+below are worked for them, tests/fixtures/inventories)."""
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from inventories import ROOT
+from inventories import B300 as B300_INVENTORY, ROOT
 from pdctl import cli, inventory
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission as adm
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan as rp
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.admission import AdmissionError
 
-B300 = inventory.plan(ROOT / "inventories" / "b300")
+B300 = inventory.plan(B300_INVENTORY)
 FULL = {"inflight": 64, "queue": 128}
 
 
@@ -120,7 +121,7 @@ def _admits(steps):
 
 
 def test_each_b300_rollout_step_says_what_the_front_door_admits():
-    timing = next(iter(inventory.load(ROOT / "inventories/b300", names=("pdctl_rollout_timing",)).values()))
+    timing = next(iter(inventory.load(B300_INVENTORY, names=("pdctl_rollout_timing",)).values()))
     timing = timing["vars"]["pdctl_rollout_timing"]
     release = rp.release_steps(B300, timing, admission=FULL)
     assert _admits(release) == [(64, 128), (32, 64), (32, 64), (16, 32), (16, 32), (16, 32), (48, 96), (48, 96),
@@ -137,7 +138,7 @@ def test_each_b300_rollout_step_says_what_the_front_door_admits():
 
 
 def test_pdctl_upgrade_plan_prints_the_admission_of_each_step(capsys):
-    assert cli.main(["upgrade", "-i", str(ROOT / "inventories/b300"), "--plan", "release"]) == 0
+    assert cli.main(["upgrade", "-i", str(B300_INVENTORY), "--plan", "release"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert "[prefill 1/4, decode GPUs 4/8, admits 16 + queue 32]" in printed[4]
     assert printed[-1].endswith("the front door admits at least 16 in flight")

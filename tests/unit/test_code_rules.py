@@ -52,11 +52,11 @@ def test_the_path_rule_catches_what_it_names():
         assert PATH_LITERAL.search(line), line
     for line in ('dest: "{{ pdctl_paths.config_dir }}/x.env"', "/etc/pdctl-store.gpg", "/opt/pdctlx"):
         assert not PATH_LITERAL.search(line), line
-    assert (PATHS_HOME / "defaults" / "main.yml").is_file() and PATH_SOURCES
+    assert "pdctl_paths" in (PATHS_HOME / "defaults" / "main" / "main.yml").read_text() and PATH_SOURCES
 
 
 def test_pdctl_paths_are_written_only_in_the_defaults_layer():
     found = ["%s:%d: %s" % (path.relative_to(ROOT), n, line.strip())
              for path in PATH_SOURCES
              for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if PATH_LITERAL.search(line)]
-    assert not found, "write pdctl_paths (roles/pdctl_defaults/defaults/main.yml) instead of:\n" + "\n".join(found)
+    assert not found, "write pdctl_paths (roles/pdctl_defaults/defaults/main/) instead of:\n" + "\n".join(found)

@@ -3,11 +3,11 @@ metadata consistent with what preflight enforces."""
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import yaml
 
+from collection_build import LAB_FILES, LAB_ROLES, tarball_names, tarball_text
 from collection_build import collection_tarball, installed_collection  # noqa: F401  (fixtures)
 from inventories import ROOT
 
@@ -25,20 +25,20 @@ def test_ansible_doc_renders_a_module_of_the_installed_collection(installed_coll
 
 def test_installed_roles_and_playbooks_are_listed(installed_collection):
     root = installed_collection / "ansible_collections" / "pdctl" / "vllm_pd"
-    assert {p.name for p in (root / "roles").iterdir()} == {p.name for p in (ROOT / "roles").iterdir()}
+    assert {p.name for p in (root / "roles").iterdir()} == {p.name for p in (ROOT / "roles").iterdir()} - LAB_ROLES
     assert (root / "playbooks" / "site.yml").is_file() and (root / "meta" / "runtime.yml").is_file()
     assert not (root / ".venv").exists() and not (root / ".lab").exists()
 
 
-# What the tarball must not carry: the pdctl package (pip installs it), the tests, the benchmarks, the lab and
-# what a checkout makes (galaxy.yml's build_ignore).
+# What the tarball must not carry: the pdctl package (pip installs it, the lab's code with it), the tests, the
+# benchmarks, the lab (its inventory, its role, its stand-in's docs) and what a checkout makes (galaxy.yml's
+# build_ignore).
 NOT_THE_COLLECTION = ("src", "tests", "benchmarks", "molecule", "scripts", "inventories/lab", "library", ".lab",
-                      "artifacts", ".venv", ".ansible", ".git", ".ci", "pyproject.toml")
+                      "artifacts", ".venv", ".ansible", ".git", ".ci", "pyproject.toml") + LAB_FILES
 
 
 def test_the_tarball_holds_the_collection_only(collection_tarball):
-    with tarfile.open(collection_tarball) as tar:
-        names = tar.getnames()
+    names = tarball_names(collection_tarball)
     stray = [n for n in names if any(n == top or n.startswith(top + "/") for top in NOT_THE_COLLECTION)
              or "__pycache__" in n or n.endswith((".pyc", ".tar.gz"))]
     assert not stray, "not the collection: %s" % stray[:20]
@@ -47,7 +47,54 @@ def test_the_tarball_holds_the_collection_only(collection_tarball):
                    "playbooks/site.yml", "plugins/modules/sla_gate.py", "plugins/module_utils/topology.py",
                    "inventories/b300/hosts.yml"):
         assert needed in names, needed
-    assert {n.split("/")[1] for n in names if n.startswith("roles/")} == {p.name for p in (ROOT / "roles").iterdir()}
+    roles = {n.split("/")[1] for n in names if n.startswith("roles/")}
+    assert roles == {p.name for p in (ROOT / "roles").iterdir()} - LAB_ROLES
+    for role in LAB_ROLES:  # each says it is the lab's
+        meta = yaml.safe_load((ROOT / "roles" / role / "meta/main.yml").read_text())
+        assert meta["galaxy_info"]["description"].startswith("Lab only"), role
+    for role in roles:
+        meta = yaml.safe_load(tarball_text(collection_tarball, "roles/%s/meta/main.yml" % role))
+        assert not meta["galaxy_info"]["description"].startswith("Lab only"), role
+
+
+def test_the_tarballs_config_names_no_lab_inventory(collection_tarball):
+    """ansible.cfg ships (pdctl run reads it) with no default inventory: nothing runs against the lab unnamed."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read_string(tarball_text(collection_tarball, "ansible.cfg"))
+    assert "inventory" not in cfg["defaults"]
+
+
+def _role_refs(data, found):
+    """Role names a play or task list loads: import_role/include_role, a play's roles:, a role's dependencies."""
+    if isinstance(data, list):
+        for item in data:
+            _role_refs(item, found)
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            if key in ("ansible.builtin.import_role", "ansible.builtin.include_role", "import_role",
+                       "include_role") and isinstance(value, dict):
+                found.append((key.split(".")[-1], value["name"], data.get("when")))
+            elif key in ("roles", "dependencies") and isinstance(value, list):
+                found.extend(("roles", r["role"] if isinstance(r, dict) else r, None) for r in value)
+            else:
+                _role_refs(value, found)
+
+
+def test_every_role_the_tarball_loads_is_in_it_and_the_lab_role_only_by_a_lab_switch(collection_tarball):
+    names = tarball_names(collection_tarball)
+    shipped = {n.split("/")[1] for n in names if n.startswith("roles/")}
+    refs = []
+    for name in names:
+        if name.endswith(".yml") and name.startswith(("playbooks/", "roles/")) or name == "site.yml":
+            _role_refs(yaml.safe_load(tarball_text(collection_tarball, name)), refs)
+    assert refs
+    for how, role, when in refs:
+        short = role.split(".")[-1]
+        if short in LAB_ROLES:  # never loaded statically; included only where the lab's switch is on
+            assert how == "include_role" and when == "pdctl_lab_hardware | bool", (how, role, when)
+        else:
+            assert short in shipped, role
 
 
 def test_the_installed_collection_plans_the_production_inventory(installed_collection):

@@ -150,7 +150,8 @@ def run_offline(tmp_path, check, *args):
             "prefill": {"hosts": {"lab-prefill-0": dict(local, pdctl_advertise_address="127.0.0.2")}},
             "decode": {"hosts": {"lab-decode-0": dict(local, pdctl_advertise_address="127.0.0.3")}}}},
         "router": {"hosts": {"lab-decode-0": {}}}}}}
-    ports = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/topology.yml").read_text())["pdctl_ports"]
+    # Production's ports (the defaults layer's, as the planner sees them).
+    ports = next(iter(inventory.load(ROOT / "inventories/b300", names=("pdctl_ports",)).values()))["vars"]["pdctl_ports"]
     inv = inventory_variant(tmp_path / "inv", {"hosts": hosts, "group_vars/all": {
         "pdctl_ports": dict(ports, kv_path_check=_free_base(2)),
         "pdctl_kv_path_check": dict({"mem": "DRAM", "size_mb": 8, "expect_rdma": False, "min_bandwidth_gbps": 0.001,

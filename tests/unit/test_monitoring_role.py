@@ -17,7 +17,7 @@ ROLE = ROOT / "roles/monitoring"
 def _render(inv: str, front_door_exporter: str = "10.0.0.5:8405") -> dict:
     plan = inventory.plan(str(ROOT / inv))
     hosts = inventory.load(str(ROOT / inv))
-    settings = yaml.safe_load((ROOT / inv / "group_vars/all/monitoring.yml").read_text())["pdctl_monitoring"]
+    settings = next(iter(hosts.values()))["vars"]["pdctl_monitoring"]  # the inventory's, else the defaults layer's
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     text = env.from_string((ROLE / "templates/prometheus.yml.j2").read_text()).render(
         monitoring_plan=plan, monitoring_scrape_interval=settings["scrape_interval"],

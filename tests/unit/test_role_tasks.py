@@ -285,7 +285,12 @@ def test_doca_ofed_goes_in_before_the_fabric_and_activates_through_a_handler():
     # ... one list of them, which host maintenance (playbooks/maintenance.yml) runs too
     assert [t.get("ansible.builtin.import_tasks") for t in stack["block"]] == ["tasks/host_stack_roles.yml"]
     roles = yaml.safe_load((ROOT / "playbooks/tasks/host_stack_roles.yml").read_text())
-    order = [t["ansible.builtin.import_role"]["name"].split(".")[-1] for t in roles]
+    order = [(t.get("ansible.builtin.import_role") or t["ansible.builtin.include_role"])["name"].split(".")[-1]
+             for t in roles]
+    # The lab's emulated hardware first, included only there: production never loads it (it is not built).
+    assert order[0] == "lab_hardware" and "ansible.builtin.include_role" in roles[0] and roles[0]["when"] == (
+        "pdctl_lab_hardware | bool") and roles[0]["ansible.builtin.include_role"]["apply"]["tags"] == ["lab_hardware"]
+    assert all("ansible.builtin.import_role" in t for t in roles[1:])
     assert order.index("rdma") < order.index("nvidia_fabric"), order
     tasks = yaml.safe_load((ROOT / "roles/rdma/tasks/0010-packages.yml").read_text())
     (doca,) = [t for t in tasks if "DOCA-OFED is installed" in t["name"]]
