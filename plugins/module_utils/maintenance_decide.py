@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import lender
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import PlanError, lender
 
 # Lines of the first play's read: "module <version|none>", "package <name> <version>", "unit <unit> <state>",
 # "turn <record>", "reboot <packages>".
@@ -107,6 +107,9 @@ def turn(plan, host, instances_down, groups, hosts=()):
     mine = sorted((i for i in plan["instances"] if i["host"] == host), key=lambda i: i["name"].lower())
     decode_turn = any(i["pool"] == "decode" for i in mine)
     lent = lender(plan)
+    if decode_turn and lent is None:
+        raise PlanError("%s runs a decode instance and the plan has no prefill instance to lend its GPUs to a "
+                        "temporary decode" % host)
     carriers = [i for i in plan["instances"] if i["pool"] == "prefill" and i["host"] != host
                 and not (decode_turn and lent and i["name"] == lent["name"])]
     hosts = list(hosts)

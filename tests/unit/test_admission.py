@@ -159,6 +159,8 @@ def _moves(tasks, inherited=None, found=None):
             _moves(task.get(key), scope, found)
         role = task.get("ansible.builtin.include_role") or {}
         target = role.get("tasks_from", "").removesuffix(".yml") if role.get("name") == "pdctl.vllm_pd.traffic" else ""
+        # Inside the traffic role (temporary_decode_in / _out), a move is one of its own tasks files.
+        target = target or str(task.get("ansible.builtin.include_tasks") or "").removesuffix(".yml")
         if target in ("frontdoor_away", "frontdoor_home"):
             found.append((target, task["name"], scope))
     return found
@@ -204,12 +206,14 @@ EXPECTED = {
 def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
     context = {"preflight_plan": B300, "upgrade_instance": _instances("prefill-0")[0],
                "upgrade_staging": _instances("prefill-0", "prefill-1"), "maintenance_lender": _instances("prefill-3")[0],
-               "temporary_lender": _instances("prefill-3")[0],
+               "traffic_lender": _instances("prefill-3")[0],
                "maintenance_instances": _instances("prefill-0", "prefill-1"), "maintenance_decode_turn": True,
                "maintenance_running": {"results": [{"stdout": "active", "item": {"name": "decode-temporary"}}]}}
     seen = {}
     # Every playbook and task file: a traffic move added anywhere must say what its target serves here too.
-    for path in sorted((ROOT / "playbooks").glob("*.yml")) + sorted((ROOT / "playbooks/tasks").glob("*.yml")):
+    # The traffic role's own entry points that move the front door (temporary_decode_in / _out) too.
+    for path in (sorted((ROOT / "playbooks").glob("*.yml")) + sorted((ROOT / "playbooks/tasks").glob("*.yml"))
+                 + sorted((ROOT / "roles/traffic/tasks").glob("temporary_decode_*.yml"))):
         doc = yaml.safe_load(path.read_text()) or []
         tasks = [t for play in doc for key in ("pre_tasks", "tasks", "post_tasks") for t in play.get(key) or []] \
             if path.parent.name == "playbooks" else doc

@@ -76,3 +76,9 @@ def test_an_instance_that_serves_nothing_has_nothing_to_drain_and_no_previous_an
     assert ok, out
     assert "Instance has finished what it had" not in out and "skipped=2" in out   # no canary, no drain
     assert "answer=[]" in out
+
+
+def test_a_temporary_decode_names_its_lender_both_ways(tmp_path):
+    for entry in ("temporary_decode_in", "temporary_decode_out"):
+        ok, out = _run(tmp_path, entry, {"preflight_plan": {"frontdoor": {"hosts": []}, "routers": [], "instances": []}})
+        assert not ok and "missing required arguments: traffic_lender" in out, (entry, out)
