@@ -8,6 +8,7 @@ dict, documented in the filter's own YAML file beside this one.
     groups | pdctl.vllm_pd.maintenance_order(hostvars, ansible_play_hosts)
     preflight_plan | pdctl.vllm_pd.maintenance_turn(inventory_hostname, maintenance_instances_down, groups, maintenance_hosts)
     preflight_plan | pdctl.vllm_pd.maintenance_rescue(maintenance_instances, maintenance_lender, running_names)
+    maintenance_hosts | pdctl.vllm_pd.maintenance_summary(hostvars, driver)
 """
 from __future__ import annotations
 
@@ -36,7 +37,12 @@ def maintenance_rescue(plan, instances, lent, running):
     return md.rescue(plan, instances, lent, list(running or ()))
 
 
+def maintenance_summary(hosts, hostvars, driver):
+    return md.summary(list(hosts or ()), hostvars, str(driver))
+
+
 class FilterModule:
     def filters(self):
         return {"maintenance_read": maintenance_read, "maintenance_order": maintenance_order,
-                "maintenance_turn": maintenance_turn, "maintenance_rescue": maintenance_rescue}
+                "maintenance_turn": maintenance_turn, "maintenance_rescue": maintenance_rescue,
+                "maintenance_summary": maintenance_summary}

@@ -21,8 +21,10 @@ interrupted resumes where it stopped and a second run changes nothing:
   already: it takes its turn whatever the others do, and nothing of it leaves the routers); the lender
   (rollout_plan.lender); the prefill instances of the other hosts that must carry the service while it is
   out; how the new driver is taken into use (a host that runs a router or a front door reloads the module,
-  it must not reboot: the service would stop); the hosts done before it and those left, for the failure
-  message.
+  it must not reboot: the service would stop); whether it runs a router (after a reboot the front doors take
+  its aggregated router back); what a failed turn reads; the hosts done before it and those left, for the
+  failure message.
+- summary(): what the run prints before its first turn, and the to-do its report starts with.
 - rescue(): the membership the routers take when a turn fails: every instance but the host's, and in a
   decode turn the temporary decode where it still runs (the decode is not back).
 
@@ -38,6 +40,8 @@ from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import 
 # Lines of the first play's read: "module <version|none>", "package <name> <version>", "unit <unit> <state>",
 # "turn <record>", "reboot <packages>".
 _ACTIVE = re.compile(r".* active$")
+# The temporary decode on the lender's GPUs (roles/vllm/tasks/temporary_decode.yml).
+TEMPORARY, TEMPORARY_UNIT = "decode-temporary", "pdctl-vllm-decode-temporary.service"
 
 
 def _lines(lines, prefix):
@@ -114,11 +118,29 @@ def turn(plan, host, instances_down, groups, hosts=()):
                 and not (decode_turn and lent and i["name"] == lent["name"])]
     hosts = list(hosts)
     done = hosts[:hosts.index(host)] if host in hosts else []
-    return {"instances": mine, "decode_turn": decode_turn,
+    # What a failed turn reads (rescue()): its instances and, in a decode turn, the lender and the temporary decode.
+    probes = list(mine)
+    if decode_turn:
+        probes += [lent, {"name": TEMPORARY, "unit": TEMPORARY_UNIT, "host": lent["host"]}]
+    return {"instances": mine, "urls": [i["url"] for i in mine], "decode_turn": decode_turn,
             "serves_nothing": len(instances_down or ()) >= len(mine),
-            "lender": lent, "carriers": carriers,
+            "lender": lent, "carriers": carriers, "probes": probes,
+            "router_host": host in [r["host"] for r in plan.get("routers") or ()],
             "activation": "reload" if host in list(groups.get("router") or ()) + list(groups.get("frontdoor") or ()) else "reboot",
             "done": done, "left": [h for h in hosts if h not in done and h != host]}
+
+
+def summary(hosts, hostvars, driver):
+    """What the run does, before its first turn. hosts: order()'s; hostvars[host]: read()'s facts
+    (maintenance_todo); driver: the manifest's release. -> {todo: {host: todo} of the hosts that take a turn
+    (the run's report starts with it), lines: what the run prints}."""
+    todo = {h: list(hostvars[h].get("maintenance_todo") or ()) for h in hosts}
+    if not hosts:
+        lines = ["Nothing to do: every host runs NVIDIA driver %s with its instances up." % driver]
+    else:
+        lines = ["Hosts to maintain, one at a time, in this order (driver %s):" % driver]
+        lines += ["%s: %s" % (h, "; ".join(todo[h])) for h in hosts]
+    return {"todo": todo, "lines": lines}
 
 
 def rescue(plan, instances, lent, running):
@@ -126,7 +148,7 @@ def rescue(plan, instances, lent, running):
     names of what runs now, among the turn's instances, the lender and "decode-temporary" (a decode turn).
     -> {temporary: whether the temporary decode still serves, prefill_urls, decode_urls}."""
     out = {i["url"] for i in instances}
-    temporary = "decode-temporary" in running
+    temporary = TEMPORARY in running
     prefill = [i["url"] for i in plan["instances"] if i["pool"] == "prefill" and i["url"] not in out
                and not (temporary and i["url"] == lent["url"])]
     decode = [lent["url"]] if temporary else [i["url"] for i in plan["instances"] if i["pool"] == "decode" and i["url"] not in out]
