@@ -24,6 +24,7 @@ interrupted resumes where it stopped and a second run changes nothing:
   it must not reboot: the service would stop); whether it runs a router (after a reboot the front doors take
   its aggregated router back); what a failed turn reads; the hosts done before it and those left, for the
   failure message.
+- carriers(): whether the host may leave, from what its carriers say (enough prefill instances serve on).
 - summary(): what the run prints before its first turn, and the to-do its report starts with.
 - rescue(): the membership the routers take when a turn fails: every instance but the host's, and in a
   decode turn the temporary decode where it still runs (the decode is not back).
@@ -122,12 +123,26 @@ def turn(plan, host, instances_down, groups, hosts=()):
     probes = list(mine)
     if decode_turn:
         probes += [lent, {"name": TEMPORARY, "unit": TEMPORARY_UNIT, "host": lent["host"]}]
-    return {"instances": mine, "urls": [i["url"] for i in mine], "decode_turn": decode_turn,
+    return {"host": host, "instances": mine, "urls": [i["url"] for i in mine], "decode_turn": decode_turn,
             "serves_nothing": len(instances_down or ()) >= len(mine),
             "lender": lent, "carriers": carriers, "probes": probes,
             "router_host": host in [r["host"] for r in plan.get("routers") or ()],
             "activation": "reload" if host in list(groups.get("router") or ()) + list(groups.get("frontdoor") or ()) else "reboot",
             "done": done, "left": [h for h in hosts if h not in done and h != host]}
+
+
+def carriers(turn_, active, minimum=None):
+    """Whether the host may leave: the prefill instances of the other hosts that serve now (active: the names of
+    turn()'s carriers that systemd says are active) are `minimum` at least (pdctl_min_prefill_instances, default
+    1), or the host serves nothing already. -> {ok, serving: those names, msg: why not}."""
+    names = {c["name"] for c in turn_["carriers"]}
+    serving = [n for n in active if n in names]
+    minimum = int(minimum or 1)
+    msg = ("%s stays in service: while it is out, %d prefill instance(s) would serve (%s), fewer than %d "
+           "(pdctl_min_prefill_instances, default 1). Bring the other prefill hosts back first (`pdctl maintain "
+           "--limit HOST`, or site.yml); nothing was touched." % (turn_["host"], len(serving), ", ".join(serving) or "none",
+                                                                 minimum))
+    return {"ok": len(serving) >= minimum or turn_["serves_nothing"], "serving": serving, "msg": msg}
 
 
 def summary(hosts, hostvars, driver):

@@ -244,3 +244,21 @@ def test_a_run_lists_each_hosts_todo_in_the_turns_order():
                             "p1: package a; a reboot (/run/reboot-required)",
                             "d0: instance pdctl-vllm-decode-0.service inactive"]
     assert got["todo"] == {"p1": hostvars["p1"]["maintenance_todo"], "d0": hostvars["d0"]["maintenance_todo"]}
+
+
+# ---------------------------------------------------------------- carriers(): whether the host may leave
+
+
+def test_a_host_leaves_only_while_enough_prefill_instances_of_the_others_serve():
+    turn = md.turn(PLAN, "p1", [], GROUPS, ["p1"])
+    assert md.carriers(turn, ["prefill-0"])["ok"]
+    got = filters.maintenance_carriers(turn, ["prefill-0"], 2)
+    assert not got["ok"] and got["serving"] == ["prefill-0"]
+    assert got["msg"].startswith("p1 stays in service: while it is out, 1 prefill instance(s) would serve (prefill-0), "
+                                 "fewer than 2 (pdctl_min_prefill_instances, default 1).")
+    assert md.carriers(turn, [], 0)["msg"].count("(none), fewer than 1 ") == 1   # 0 counts as the default
+
+
+def test_a_host_that_serves_nothing_leaves_whatever_the_others_do():
+    down = ["unit pdctl-vllm-prefill-2.service inactive", "unit pdctl-vllm-prefill-10.service failed"]
+    assert md.carriers(md.turn(PLAN, "p1", down, GROUPS, ["p1"]), [])["ok"]
