@@ -8,6 +8,8 @@ dict, documented in the filter's own YAML file beside this one.
     groups | pdctl.vllm_pd.maintenance_order(hostvars, ansible_play_hosts)
     preflight_plan | pdctl.vllm_pd.maintenance_turn(inventory_hostname, maintenance_instances_down, groups, maintenance_hosts)
     preflight_plan | pdctl.vllm_pd.maintenance_rescue(maintenance_instances, maintenance_lender, running_names)
+    maintenance_hosts | pdctl.vllm_pd.maintenance_summary(hostvars, driver)
+    maintenance_turn | pdctl.vllm_pd.maintenance_carriers(active_names, pdctl_min_prefill_instances)
 """
 from __future__ import annotations
 
@@ -36,7 +38,16 @@ def maintenance_rescue(plan, instances, lent, running):
     return md.rescue(plan, instances, lent, list(running or ()))
 
 
+def maintenance_summary(hosts, hostvars, driver):
+    return md.summary(list(hosts or ()), hostvars, str(driver))
+
+
+def maintenance_carriers(turn, active, minimum=None):
+    return md.carriers(turn, list(active or ()), minimum)
+
+
 class FilterModule:
     def filters(self):
         return {"maintenance_read": maintenance_read, "maintenance_order": maintenance_order,
-                "maintenance_turn": maintenance_turn, "maintenance_rescue": maintenance_rescue}
+                "maintenance_turn": maintenance_turn, "maintenance_rescue": maintenance_rescue,
+                "maintenance_summary": maintenance_summary, "maintenance_carriers": maintenance_carriers}

@@ -21,8 +21,11 @@ interrupted resumes where it stopped and a second run changes nothing:
   already: it takes its turn whatever the others do, and nothing of it leaves the routers); the lender
   (rollout_plan.lender); the prefill instances of the other hosts that must carry the service while it is
   out; how the new driver is taken into use (a host that runs a router or a front door reloads the module,
-  it must not reboot: the service would stop); the hosts done before it and those left, for the failure
-  message.
+  it must not reboot: the service would stop); whether it runs a router (after a reboot the front doors take
+  its aggregated router back); what a failed turn reads; the hosts done before it and those left, for the
+  failure message.
+- carriers(): whether the host may leave, from what its carriers say (enough prefill instances serve on).
+- summary(): what the run prints before its first turn, and the to-do its report starts with.
 - rescue(): the membership the routers take when a turn fails: every instance but the host's, and in a
   decode turn the temporary decode where it still runs (the decode is not back).
 
@@ -38,6 +41,8 @@ from ansible_collections.pdctl.vllm_pd.plugins.module_utils.rollout_plan import 
 # Lines of the first play's read: "module <version|none>", "package <name> <version>", "unit <unit> <state>",
 # "turn <record>", "reboot <packages>".
 _ACTIVE = re.compile(r".* active$")
+# The temporary decode on the lender's GPUs (roles/vllm/tasks/temporary_decode.yml).
+TEMPORARY, TEMPORARY_UNIT = "decode-temporary", "pdctl-vllm-decode-temporary.service"
 
 
 def _lines(lines, prefix):
@@ -107,17 +112,50 @@ def turn(plan, host, instances_down, groups, hosts=()):
     mine = sorted((i for i in plan["instances"] if i["host"] == host), key=lambda i: i["name"].lower())
     decode_turn = any(i["pool"] == "decode" for i in mine)
     lent = lender(plan)
-    if lent is None:
-        raise PlanError("no prefill instance can lend its GPUs to a temporary decode")
+    if decode_turn and lent is None:
+        raise PlanError("%s runs a decode instance and the plan has no prefill instance to lend its GPUs to a "
+                        "temporary decode" % host)
     carriers = [i for i in plan["instances"] if i["pool"] == "prefill" and i["host"] != host
-                and not (decode_turn and i["name"] == lent["name"])]
+                and not (decode_turn and lent and i["name"] == lent["name"])]
     hosts = list(hosts)
     done = hosts[:hosts.index(host)] if host in hosts else []
-    return {"instances": mine, "decode_turn": decode_turn,
+    # What a failed turn reads (rescue()): its instances and, in a decode turn, the lender and the temporary decode.
+    probes = list(mine)
+    if decode_turn:
+        probes += [lent, {"name": TEMPORARY, "unit": TEMPORARY_UNIT, "host": lent["host"]}]
+    return {"host": host, "instances": mine, "urls": [i["url"] for i in mine], "decode_turn": decode_turn,
             "serves_nothing": len(instances_down or ()) >= len(mine),
-            "lender": lent, "carriers": carriers,
+            "lender": lent, "carriers": carriers, "probes": probes,
+            "router_host": host in [r["host"] for r in plan.get("routers") or ()],
             "activation": "reload" if host in list(groups.get("router") or ()) + list(groups.get("frontdoor") or ()) else "reboot",
             "done": done, "left": [h for h in hosts if h not in done and h != host]}
+
+
+def carriers(turn_, active, minimum=None):
+    """Whether the host may leave: the prefill instances of the other hosts that serve now (active: the names of
+    turn()'s carriers that systemd says are active) are `minimum` at least (pdctl_min_prefill_instances, default
+    1), or the host serves nothing already. -> {ok, serving: those names, msg: why not}."""
+    names = {c["name"] for c in turn_["carriers"]}
+    serving = [n for n in active if n in names]
+    minimum = int(minimum or 1)
+    msg = ("%s stays in service: while it is out, %d prefill instance(s) would serve (%s), fewer than %d "
+           "(pdctl_min_prefill_instances, default 1). Bring the other prefill hosts back first (`pdctl maintain "
+           "--limit HOST`, or site.yml); nothing was touched." % (turn_["host"], len(serving), ", ".join(serving) or "none",
+                                                                 minimum))
+    return {"ok": len(serving) >= minimum or turn_["serves_nothing"], "serving": serving, "msg": msg}
+
+
+def summary(hosts, hostvars, driver):
+    """What the run does, before its first turn. hosts: order()'s; hostvars[host]: read()'s facts
+    (maintenance_todo); driver: the manifest's release. -> {todo: {host: todo} of the hosts that take a turn
+    (the run's report starts with it), lines: what the run prints}."""
+    todo = {h: list(hostvars[h].get("maintenance_todo") or ()) for h in hosts}
+    if not hosts:
+        lines = ["Nothing to do: every host runs NVIDIA driver %s with its instances up." % driver]
+    else:
+        lines = ["Hosts to maintain, one at a time, in this order (driver %s):" % driver]
+        lines += ["%s: %s" % (h, "; ".join(todo[h])) for h in hosts]
+    return {"todo": todo, "lines": lines}
 
 
 def rescue(plan, instances, lent, running):
@@ -125,7 +163,7 @@ def rescue(plan, instances, lent, running):
     names of what runs now, among the turn's instances, the lender and "decode-temporary" (a decode turn).
     -> {temporary: whether the temporary decode still serves, prefill_urls, decode_urls}."""
     out = {i["url"] for i in instances}
-    temporary = "decode-temporary" in running
+    temporary = TEMPORARY in running
     prefill = [i["url"] for i in plan["instances"] if i["pool"] == "prefill" and i["url"] not in out
                and not (temporary and i["url"] == lent["url"])]
     decode = [lent["url"]] if temporary else [i["url"] for i in plan["instances"] if i["pool"] == "decode" and i["url"] not in out]

@@ -113,16 +113,16 @@ class _Steps:
         self.steps.append(step)
 
     def temporary_decode_in(self):
-        """playbooks/tasks/temporary_decode_in.yml: standbys without the lender, the front door to them (a
+        """pdctl.vllm_pd.traffic temporary_decode_in: standbys without the lender, the front door to them (a
         drain), the lender stops once idle, the temporary decode starts, the routers pair the other prefill
         instances with it, a canary through each, the front door back to them."""
         return (self.routers_in_turn + self.AWAY + ["engine_stop_s", "engine_ready_s"]
                 + self.routers_in_turn + self.canaries + self.HOME)
 
     def temporary_decode_out(self):
-        """temporary_decode_out.yml and the routers' way home: standbys with the decode back, the front door to
-        them (a drain), the temporary decode stops, the lender starts (a canary); the routers on the plan's
-        membership take the front door back."""
+        """traffic temporary_decode_out, the lender's start and the routers' way home: standbys with the
+        decode back, the front door to them (a drain), the temporary decode stops, the lender starts (a
+        canary); the routers on the plan's membership take the front door back."""
         return (self.routers_in_turn + self.AWAY + ["engine_stop_s", "engine_ready_s", "canary_s"]
                 + self.routers_in_turn + self.HOME)
 

@@ -160,6 +160,10 @@ def _moves(tasks, inherited=None, found=None):
             _moves(task.get(key), scope, found)
         role = task.get("ansible.builtin.include_role") or {}
         target = role.get("tasks_from", "").removesuffix(".yml") if role.get("name") == "pdctl.vllm_pd.traffic" else ""
+        # Inside the traffic role (temporary_decode_in / _out), a move is one of its own tasks files.
+        target = target or str(task.get("ansible.builtin.include_tasks") or "").removesuffix(".yml")
+        # standby_in / standby_out: the routers' membership, then frontdoor_away / frontdoor_home.
+        target = {"standby_in": "frontdoor_away", "standby_out": "frontdoor_home"}.get(target, target)
         if target in ("frontdoor_away", "frontdoor_home"):
             found.append((target, task["name"], scope))
     return found
@@ -187,15 +191,19 @@ EXPECTED = {
     ("upgrade_release.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (3, 8)],
     ("upgrade_release.yml", "Front door to the new release (the routers); the old pool behind the standbys drains"): (1, 4),
     ("upgrade_release.yml", "Front door back to the routers, standby out"): (4, 8),
-    ("maintenance_host.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (4, 8)],
-    ("temporary_decode_in.yml", "Front door to the standby routers; the routers drain"): (3, 8),
-    ("temporary_decode_in.yml", "Front door to the routers (the temporary decode serves); the standbys drain"): (3, 4),
-    ("temporary_decode_out.yml", "Front door to the standby routers; the routers (and the temporary decode) drain"):
+    ("maintenance_host.yml", "Out of service - standby routers without this host's instances; the front door to them"):
+        (2, 8),
+    ("maintenance_host.yml",
+     "Behind the standby on the plan's membership, before the routers take this host back (it was out already)"): (4, 8),
+    ("temporary_decode_in.yml", "Standby routers without the lender, the front door to them: {{ traffic_lender.name }}"):
         (3, 8),
-    ("upgrade_decode.yml", "Front door back to the routers, standby out"): (4, 8),
-    ("maintenance_host.yml", "Front door back to the routers, standby out"): (4, 8),
-    ("maintenance_host.yml", "Front door to the standby routers"): (1, 4),
-    ("maintenance_host.yml", "Front door back to the routers"): (1, 4),
+    ("temporary_decode_in.yml", "Front door to the routers (the temporary decode serves); the standbys drain"): (3, 4),
+    ("temporary_decode_out.yml",
+     "Standby routers with the decode back, without the lender; the routers (and the temporary decode) drain"): (3, 8),
+    ("upgrade_decode.yml", "The routers on the plan's membership; front door back to them, standby out"): (4, 8),
+    ("maintenance_host.yml", "The routers on the plan's membership; front door back to them, standby out"): (4, 8),
+    ("maintenance_host.yml", "Standby routers with what still serves; the front door to them"): (1, 4),
+    ("maintenance_host.yml", "The routers with what still serves; the front door back to them"): (1, 4),
     ("upgrade_pass.yml", "Front door back to the routers (a run that was interrupted may have left a standby in rotation)"):
         (4, 8),
     ("maintenance.yml", "Front door back to the routers, standby out"): (4, 8),
@@ -205,12 +213,15 @@ EXPECTED = {
 def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
     context = {"preflight_plan": B300, "upgrade_instance": _instances("prefill-0")[0],
                "upgrade_staging": _instances("prefill-0", "prefill-1"), "maintenance_lender": _instances("prefill-3")[0],
-               "temporary_lender": _instances("prefill-3")[0],
+               "traffic_lender": _instances("prefill-3")[0],
                "maintenance_instances": _instances("prefill-0", "prefill-1"), "maintenance_decode_turn": True,
+               "maintenance_turn": {"urls": [i["url"] for i in _instances("prefill-0", "prefill-1")]},
                "maintenance_running": {"results": [{"stdout": "active", "item": {"name": "decode-temporary"}}]}}
     seen = {}
     # Every playbook and task file: a traffic move added anywhere must say what its target serves here too.
-    for path in sorted((ROOT / "playbooks").glob("*.yml")) + sorted((ROOT / "playbooks/tasks").glob("*.yml")):
+    # The traffic role's own entry points that move the front door (temporary_decode_in / _out) too.
+    for path in (sorted((ROOT / "playbooks").glob("*.yml")) + sorted((ROOT / "playbooks/tasks").glob("*.yml"))
+                 + sorted((ROOT / "roles/traffic/tasks").glob("temporary_decode_*.yml"))):
         doc = yaml.safe_load(path.read_text()) or []
         tasks = [t for play in doc for key in ("pre_tasks", "tasks", "post_tasks") for t in play.get(key) or []] \
             if path.parent.name == "playbooks" else doc

@@ -76,3 +76,22 @@ def test_an_instance_that_serves_nothing_has_nothing_to_drain_and_no_previous_an
     assert ok, out
     assert "Instance has finished what it had" not in out and "skipped=2" in out   # no canary, no drain
     assert "answer=[]" in out
+
+
+def test_a_temporary_decode_names_its_lender_both_ways(tmp_path):
+    for entry in ("temporary_decode_in", "temporary_decode_out"):
+        ok, out = _run(tmp_path, entry, {"preflight_plan": {"frontdoor": {"hosts": []}, "routers": [], "instances": []}})
+        assert not ok and "missing required arguments: traffic_lender" in out, (entry, out)
+
+
+def test_the_standby_taking_the_front_door_says_what_it_serves(tmp_path):
+    ok, out = _run(tmp_path, "standby_in", {"preflight_plan": {"frontdoor": {"hosts": []}, "routers": []}})
+    assert not ok and "missing required arguments: traffic_capacity" in out
+
+
+def test_a_host_leaving_the_front_doors_has_nothing_to_drain_where_no_other_front_door_is(tmp_path):
+    ok, out = _run(tmp_path, "host_out", {"preflight_plan": {"frontdoor": {"hosts": ["h0"]}, "routers": []},
+                                          "traffic_host": "h0"})
+    assert ok and "changed=0" in out and "failed=0" in out, out
+    ok, out = _run(tmp_path, "host_out", {"preflight_plan": {"frontdoor": {"hosts": ["h0"]}, "routers": []}})
+    assert not ok and "missing required arguments: traffic_host" in out

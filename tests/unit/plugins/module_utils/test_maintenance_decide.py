@@ -208,3 +208,57 @@ def test_a_failed_decode_turn_keeps_the_temporary_decode_where_it_runs():
     got = filters.maintenance_rescue(PLAN, turn["instances"], turn["lender"], ("prefill-9",))
     assert got == {"temporary": False, "prefill_urls": _urls("prefill-0", "prefill-1", "prefill-2", "prefill-10", "prefill-9"),
                    "decode_urls": []}
+
+
+# ---------------------------------------------------------------- what a turn reads and moves
+
+
+def test_a_prefill_turn_moves_its_urls_and_reads_only_its_instances_when_it_fails():
+    turn = md.turn(PLAN, "p0", [], GROUPS, ["p0"])
+    assert turn["urls"] == _urls("prefill-0", "prefill-1") and turn["router_host"]
+    assert turn["probes"] == turn["instances"]
+    assert not md.turn(PLAN, "p2", [], GROUPS, ["p2"])["router_host"]
+
+
+def test_a_failed_decode_turn_reads_the_lender_and_the_temporary_decode_too():
+    turn = md.turn(PLAN, "d0", [], GROUPS, ["d0"])
+    assert [p["name"] for p in turn["probes"]] == ["decode-0", "prefill-9", "decode-temporary"]
+    assert turn["probes"][-1] == {"name": "decode-temporary", "unit": "pdctl-vllm-decode-temporary.service", "host": "p2"}
+    # What the probes say running, rescue() makes the routers' membership of (the temporary decode's name).
+    assert md.rescue(PLAN, turn["instances"], turn["lender"], [turn["probes"][-1]["name"]])["temporary"]
+
+
+# ---------------------------------------------------------------- summary(): what the run prints first
+
+
+def test_a_run_with_nothing_to_do_says_so():
+    assert md.summary([], {"p0": _facts()}, DRIVER) == {
+        "todo": {}, "lines": ["Nothing to do: every host runs NVIDIA driver %s with its instances up." % DRIVER]}
+
+
+def test_a_run_lists_each_hosts_todo_in_the_turns_order():
+    hostvars = {"p1": {"maintenance_todo": ["package a", "a reboot (/run/reboot-required)"]},
+                "d0": {"maintenance_todo": ["instance pdctl-vllm-decode-0.service inactive"]}}
+    got = filters.maintenance_summary(("p1", "d0"), hostvars, DRIVER)
+    assert got["lines"] == ["Hosts to maintain, one at a time, in this order (driver %s):" % DRIVER,
+                            "p1: package a; a reboot (/run/reboot-required)",
+                            "d0: instance pdctl-vllm-decode-0.service inactive"]
+    assert got["todo"] == {"p1": hostvars["p1"]["maintenance_todo"], "d0": hostvars["d0"]["maintenance_todo"]}
+
+
+# ---------------------------------------------------------------- carriers(): whether the host may leave
+
+
+def test_a_host_leaves_only_while_enough_prefill_instances_of_the_others_serve():
+    turn = md.turn(PLAN, "p1", [], GROUPS, ["p1"])
+    assert md.carriers(turn, ["prefill-0"])["ok"]
+    got = filters.maintenance_carriers(turn, ["prefill-0"], 2)
+    assert not got["ok"] and got["serving"] == ["prefill-0"]
+    assert got["msg"].startswith("p1 stays in service: while it is out, 1 prefill instance(s) would serve (prefill-0), "
+                                 "fewer than 2 (pdctl_min_prefill_instances, default 1).")
+    assert md.carriers(turn, [], 0)["msg"].count("(none), fewer than 1 ") == 1   # 0 counts as the default
+
+
+def test_a_host_that_serves_nothing_leaves_whatever_the_others_do():
+    down = ["unit pdctl-vllm-prefill-2.service inactive", "unit pdctl-vllm-prefill-10.service failed"]
+    assert md.carriers(md.turn(PLAN, "p1", down, GROUPS, ["p1"]), [])["ok"]
