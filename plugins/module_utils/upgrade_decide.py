@@ -273,12 +273,14 @@ def outcome(kind, rolling_back, journal, reason, target_release, rollout_gated, 
         out["msg"] = _rolled_back(rolling_back, reason, target_release, rollout_rollback, rollout, rollout_requested,
                                   passed, gates_verdict)
     rolled_back = bool(rolling_back or rollout_rollback)
-    if check_mode:
-        word = "check"
-    elif ok:
-        word = "rolled-back" if rolled_back else "accepted"
-    else:
+    # The run fails exactly when rejected (its verdict task asserts ok), in check mode too: a rollback the gates
+    # asked for, resumed in check mode, is still theirs.
+    if not ok:
         word = "rejected"
+    elif check_mode:
+        word = "check"
+    else:
+        word = "rolled-back" if rolled_back else "accepted"
     out["report"] = {"verdict": word, "rolled_back": rolled_back and not check_mode, "passed": bool(passed),
                      "reason": (rollout.get("reason", "") if rollout_rollback and not rolling_back else reason) or "",
                      "kind": kind, "target_release": target_release}
@@ -310,8 +312,8 @@ def _rolled_back(rolling_back, reason, target_release, rollout_rollback, rollout
             return ("Rolled back on request from the prefill configuration %s, but the gates failed again: %s "
                     % (rollout.get("target"), gates_verdict))
         return ("Upgrade rolled back: %s (prefill configuration %s). Every prefill instance runs its configuration "
-                "before the change again; the gates after the rollback %s. " % (rollout.get("reason"),
-                                                                              rollout.get("target"), after))
+                "before the change again; the gates after the rollback %s. "
+                % (rollout.get("reason"), rollout.get("target"), after))
     if reason == REQUESTED:
         return "Rolled back on request to %s, but the gates failed again: %s " % (target_release, gates_verdict)
     return ("Upgrade rolled back: %s. Every instance runs %s again; the gates after the rollback %s. "

@@ -271,14 +271,14 @@ def test_a_refusal_names_what_fails_first():
 def test_the_switch_names_each_hosts_instances_and_those_still_to_stop():
     # KILL_POINTS switch, resumed: p1 still runs the old release (both pending), d0's decode was stopped by the
     # killed run; the staging host's instances are the temporary decode's (vllm_instances).
-    got = rolls({"p0": host(current="/opt/pdctl/venvs/vllm-" + NEW), "p1": host(pending=["prefill-3", "prefill-2"],
-                                                                               release=True),
+    got = rolls({"p0": host(current="/opt/pdctl/venvs/vllm-" + NEW),
+                 "p1": host(pending=["prefill-3", "prefill-2"], release=True),
                  "d0": host(pending=["decode-0"], stopped=["decode-0"], release=True)}, journal=switching())
     assert {h: names(i) for h, i in got["host_instances"].items()} == {
         "d0": ["decode-0"], "p0": ["prefill-0", "prefill-1"], "p1": ["prefill-2", "prefill-3"]}
     # In the plan's order, whatever order the host reported them in.
-    assert {h: names(i) for h, i in got["host_pending"].items()} == {"d0": ["decode-0"], "p0": [],
-                                                                      "p1": ["prefill-2", "prefill-3"]}
+    pending = {h: names(i) for h, i in got["host_pending"].items()}
+    assert pending == {"d0": ["decode-0"], "p0": [], "p1": ["prefill-2", "prefill-3"]}
     assert got["switch_to"] == ""
     back = rolls({"p1": host(release=True)}, target=OLD, rolling_back=True, journal=switching(state="rolling-back"))
     assert back["switch_to"] == OLD
@@ -452,3 +452,12 @@ def test_a_retried_release_that_passes_is_accepted_like_any_switch():
     # -e upgrade_retry=true: target() let the rolled-back release through; the new switch record says switching.
     got = outcome(journal=switching(since="2026-12-03T00:00:00+00:00"))
     assert got["ok"] and got["journal_state"] == "accepted" and got["report"]["verdict"] == "accepted"
+
+
+def test_a_rollback_the_gates_asked_for_resumed_in_check_mode_is_still_rejected():
+    # KILL_POINTS rollback, then `pdctl upgrade --check`: the run fails as the rollback's would (pdctl exits 3).
+    reason = "the gates failed on %s: x" % NEW
+    got = outcome(rolling_back=True, journal=switching(state="rolling-back"), reason=reason, target=OLD, check_mode=True)
+    assert not got["ok"] and got["journal_state"] is None and got["report"]["verdict"] == "rejected"
+    assert not got["report"]["rolled_back"]  # nothing changed
+    assert got["msg"].startswith("Upgrade rolled back: %s." % reason)
