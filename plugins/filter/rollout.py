@@ -9,7 +9,7 @@ facts from.
         "lines": ["title", "  1. [prefill 4/4, decode GPUs 8/8, admits 64 + queue 128] ...", ...]}
 
 The upgrade's decisions are documented beside this file (upgrade_target.yml, upgrade_rolls.yml,
-rollout_lender.yml: `ansible-doc -t filter pdctl.vllm_pd.upgrade_rolls`).
+upgrade_verdict.yml, upgrade_outcome.yml, rollout_lender.yml: `ansible-doc -t filter pdctl.vllm_pd.upgrade_rolls`).
 """
 from __future__ import annotations
 
@@ -88,8 +88,26 @@ def upgrade_rolls(plan, hostvars, serving, journal, target_release, rolling_back
                     target_release, bool(rolling_back), journal_file, turn_file)
 
 
+def upgrade_verdict(kind, rolling_back, journal, reason, target_release, rollout_gated, rollout_rollback, rollout,
+                    rollout_target_now, passed, gates_verdict="", check_mode=False):
+    """Whether the release switch, or the prefill change, goes back after the gates' verdict
+    (upgrade_decide.verdict)."""
+    return ud.verdict(kind, bool(rolling_back), dict(journal or {}), reason, target_release, bool(rollout_gated),
+                      bool(rollout_rollback), dict(rollout or {}), rollout_target_now, bool(passed), gates_verdict,
+                      bool(check_mode))
+
+
+def upgrade_outcome(kind, rolling_back, journal, reason, target_release, rollout_gated, rollout_rollback, rollout,
+                    rollout_target_now, rollout_requested, pending, passed, gates_verdict="", check_mode=False):
+    """How a run of upgrade.yml ends: the records' last state, its verdict and last line (upgrade_decide.outcome)."""
+    return ud.outcome(kind, bool(rolling_back), dict(journal or {}), reason, target_release, bool(rollout_gated),
+                      bool(rollout_rollback), dict(rollout or {}), rollout_target_now, bool(rollout_requested),
+                      list(pending or ()), bool(passed), gates_verdict, bool(check_mode))
+
+
 class FilterModule:
     def filters(self):
         return {"rollout_plan": rollout_plan, "rollout_vars": rollout_vars, "rollout_config_id": rollout_config_id,
                 "rollout_current": rs.current, "rollout_decide": rs.decide, "rollout_record": rs.record,
-                "rollout_lender": rollout_lender, "upgrade_target": upgrade_target, "upgrade_rolls": upgrade_rolls}
+                "rollout_lender": rollout_lender, "upgrade_target": upgrade_target, "upgrade_rolls": upgrade_rolls,
+                "upgrade_verdict": upgrade_verdict, "upgrade_outcome": upgrade_outcome}

@@ -105,8 +105,10 @@ def rolls(instances, routers, serving, hosts, journal, target_release, rolling_b
     Returns {"kind": release | compatible, "switch_resumed", "pending": the instances that run another
     configuration (a resumed decode change's lender aside: that change brings it back itself), "release_hosts",
     "turns", "staging_host", "staging", "staging_switched", "old_hosts", "switch_from", "decode_roll",
-    "decode_resumed", "lender", "prefill_roll", "rolled": the names this pass rolls, "problem": None or why
-    this playbook must not roll it, "summary": what it rolls, in a line}."""
+    "decode_resumed", "lender", "prefill_roll", "rolled": the names this pass rolls, "host_instances", "host_pending":
+    {serving host: its planned instances, those of them that run another configuration}, "switch_to": the vllm
+    role's vllm_switch_to, "problem": None or why this playbook must not roll it, "summary": what it rolls, in a
+    line}."""
     changing = {name for host in serving for name in hosts[host].get("pending") or ()}
     pending = [i for i in instances if i["name"] in changing]
     release_hosts = [h for h in serving if hosts[h].get("release_changes")]
@@ -153,7 +155,15 @@ def rolls(instances, routers, serving, hosts, journal, target_release, rolling_b
            "decode_roll": decode_roll, "decode_resumed": decode_resumed, "lender": lent,
            "prefill_roll": sorted((i for i in pending if i["pool"] == "prefill"), key=lambda i: i["name"])
            if kind == "compatible" else [],
-           "rolled": _unique(_names(pending + decode_roll))}
+           "rolled": _unique(_names(pending + decode_roll)),
+           # Per serving host, for the two-pool switch's steps: its planned instances, and those of them that run
+           # another configuration (or are stopped) - the ones that drain and stop before its `current` link moves.
+           "host_instances": {h: [i for i in instances if i["host"] == h] for h in serving},
+           "host_pending": {h: [i for i in instances if i["host"] == h and i["name"] in (hosts[h].get("pending") or ())]
+                            for h in serving},
+           # The release the vllm role switches to by name: the one before the switch when rolling back, else its
+           # own (the manifest's).
+           "switch_to": target_release if rolling_back else ""}
     out["problem"] = _problem(out, prefill, routers, serving, maintenance_turns, journal_file, turn_file)
     out["summary"] = _summary(out, target_release, rolling_back)
     return out
@@ -200,3 +210,111 @@ def _summary(out, target_release, rolling_back):
         line += "; the decode behind a temporary decode on %s's GPUs%s" % (
             out["lender"]["name"], " (resumed)" if out["decode_resumed"] else "")
     return line
+
+
+def verdict(kind, rolling_back, journal, reason, target_release, rollout_gated, rollout_rollback, rollout,
+            rollout_target_now, passed, gates_verdict, check_mode):
+    """What the gates' verdict on one pass means: a new release, or a prefill change, that failed them goes back
+    (a second pass of upgrade_pass.yml), unless this pass rolled back already or ran in check mode (the gates
+    were not measured).
+
+    kind: rolls()'s; rolling_back, journal, reason, target_release: where the run stands (target(), the release
+    switch's record); rollout_gated, rollout_rollback, rollout, rollout_target_now: the prefill change's
+    (rollout_state.py); passed, gates_verdict: the gates' (true and '' when they did not run).
+
+    Returns {"rollback_now": the release switch goes back, "rolling_back", "reason", "target_release": the run's
+    from here, "rollout_rollback_now": the prefill change goes back, "rollout_rollback", "rollout": the prefill
+    change's record from here, "rollout_reason": why it goes back ('' when it does not)}."""
+    failed = not passed and not check_mode
+    rollback_now = kind == "release" and not rolling_back and failed
+    rollout_rollback_now = bool(rollout_gated) and not rollout_rollback and failed
+    out = {"rollback_now": rollback_now, "rolling_back": rolling_back, "reason": reason,
+           "target_release": target_release, "rollout_rollback_now": rollout_rollback_now,
+           "rollout_rollback": rollout_rollback, "rollout": rollout, "rollout_reason": ""}
+    if rollback_now:
+        out.update(rolling_back=True, reason="the gates failed on %s: %s" % (journal.get("to"), gates_verdict),
+                   target_release=journal.get("from"))
+    if rollout_rollback_now:
+        out["rollout_reason"] = "the gates failed: %s" % gates_verdict
+        out.update(rollout_rollback=True, rollout=dict(rollout, target=rollout_target_now, state="rolling-back",
+                                                       reason=out["rollout_reason"]))
+    return out
+
+
+def outcome(kind, rolling_back, journal, reason, target_release, rollout_gated, rollout_rollback, rollout,
+            rollout_target_now, rollout_requested, pending, passed, gates_verdict, check_mode):
+    """How the run ends, once the gates judged its last pass: what each record says from now on, whether the run
+    succeeded, the line it ends with, and what it reports to its caller (set_stats).
+
+    The arguments are verdict()'s after it (rollout_requested: `pdctl rollback --prefill`; pending: the
+    instances the pass rolled). A rollback the gates asked for ends the run failed, whatever the gates said
+    after it; a requested one fails only if the gates reject the release (or configuration) it went back to.
+
+    Returns {"journal_state": the release switch's record to write (None: left as it is), "rollout_state",
+    "rollout_target", "rollout_reason": the prefill change's (rollout_state None: left as it is), "ok", "msg",
+    "report": {"verdict": accepted | rolled-back | rejected | check, "rolled_back", "reason", "passed",
+    "kind", "target_release"}}."""
+    journal_state = None
+    if journal.get("state", "none") in UNFINISHED and (rolling_back or passed) and not check_mode:
+        journal_state = "rolled-back" if rolling_back else "accepted"
+    rollout_state = None
+    if not check_mode and passed and not rolling_back:
+        rollout_state = "rolled-back" if rollout_rollback else "accepted"
+    ok = (not rolling_back or (reason == REQUESTED and passed)) and (
+        not rollout_rollback or (bool(rollout_requested) and passed))
+    out = {"journal_state": journal_state, "rollout_state": rollout_state,
+           "rollout_target": rollout.get("target") if rollout_rollback else rollout_target_now,
+           "rollout_reason": rollout.get("reason", "") if rollout_rollback else "", "ok": ok}
+    # The lines as the playbook printed them (benchmarks/upgrade.py reads them), spaces included.
+    if ok:
+        out["msg"] = _done(kind, rolling_back, target_release, rollout_gated, rollout_rollback, rollout, pending,
+                           gates_verdict, check_mode)
+    else:
+        out["msg"] = _rolled_back(rolling_back, reason, target_release, rollout_rollback, rollout, rollout_requested,
+                                  passed, gates_verdict)
+    rolled_back = bool(rolling_back or rollout_rollback)
+    # The run fails exactly when rejected (its verdict task asserts ok), in check mode too: a rollback the gates
+    # asked for, resumed in check mode, is still theirs.
+    if not ok:
+        word = "rejected"
+    elif check_mode:
+        word = "check"
+    else:
+        word = "rolled-back" if rolled_back else "accepted"
+    out["report"] = {"verdict": word, "rolled_back": rolled_back and not check_mode, "passed": bool(passed),
+                     "reason": (rollout.get("reason", "") if rollout_rollback and not rolling_back else reason) or "",
+                     "kind": kind, "target_release": target_release}
+    return out
+
+
+def _done(kind, rolling_back, target_release, rollout_gated, rollout_rollback, rollout, pending, gates_verdict,
+          check_mode):
+    if check_mode:
+        return ("Check mode: nothing changed; the steps above are what a run would take %s (the gates were not "
+                "measured). " % (("back to %s" % target_release) if rolling_back else ""))
+    if rolling_back:
+        return ("Rolled back on request: every instance runs %s again, the gates passed (%s)."
+                % (target_release, gates_verdict))
+    if rollout_rollback:
+        return ("Rolled back on request: the prefill instances run their configuration before %s again, the gates "
+                "passed (%s)." % (rollout.get("target"), gates_verdict))
+    if kind == "release":
+        return "Every instance runs %s; the gates passed (%s). " % (target_release, gates_verdict)
+    return "%d instance(s) rolled one at a time%s." % (
+        len(pending), ("; the gates passed (%s)" % gates_verdict) if rollout_gated else "")
+
+
+def _rolled_back(rolling_back, reason, target_release, rollout_rollback, rollout, rollout_requested, passed,
+                 gates_verdict):
+    after = "passed" if passed else "FAILED too: %s" % gates_verdict
+    if rollout_rollback and not rolling_back:
+        if rollout_requested:
+            return ("Rolled back on request from the prefill configuration %s, but the gates failed again: %s "
+                    % (rollout.get("target"), gates_verdict))
+        return ("Upgrade rolled back: %s (prefill configuration %s). Every prefill instance runs its configuration "
+                "before the change again; the gates after the rollback %s. "
+                % (rollout.get("reason"), rollout.get("target"), after))
+    if reason == REQUESTED:
+        return "Rolled back on request to %s, but the gates failed again: %s " % (target_release, gates_verdict)
+    return ("Upgrade rolled back: %s. Every instance runs %s again; the gates after the rollback %s. "
+            % (reason, target_release, after))

@@ -28,7 +28,12 @@ EXIT_OK, EXIT_OTHER, EXIT_INVALID, EXIT_GATE, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 PLAN_TASK = "Inventory describes a valid P/D deployment"
 # playbooks/gates.yml reports its verdict through set_stats, before it asserts it.
 GATES_VERDICT = "pdctl_gates_verdict"
-# playbooks/upgrade.yml's last task: fails when a release switch was rolled back (the gates rejected it).
+# playbooks/upgrade.yml reports how it ended through set_stats, before its last task asserts it:
+# {"verdict": accepted | rolled-back | rejected | check, "rolled_back", "passed", "reason", "kind", "target_release"}
+# (plugins/module_utils/upgrade_decide.py, outcome()); "rejected": the gates rejected the change, which was rolled back.
+UPGRADE_REPORT = "pdctl_upgrade"
+# upgrade.yml's last task, for a run that reported no verdict (a playbook from before the report): it fails when
+# the gates rejected a release or a prefill change.
 UPGRADE_VERDICT_TASK = "Upgrade done, or rolled back"
 # upgrade_pass.yml's and maintenance.yml's plan of the run (rollout_plan's lines), printed by pdctl.
 ROLLOUT_PLAN_TASK = "Rollout plan"
@@ -107,10 +112,18 @@ def exit_code(result: runner.PlaybookResult) -> int:
         return EXIT_INVALID
     if any(f.get("unreachable") for f in result.failures):
         return EXIT_UNREACHABLE
-    if failed_gates(result) or gates_rejected(result) or any(f["task"] == UPGRADE_VERDICT_TASK
-                                                            for f in result.failures):
+    if failed_gates(result) or gates_rejected(result) or upgrade_rejected(result):
         return EXIT_GATE
     return EXIT_OTHER
+
+
+def upgrade_rejected(result: runner.PlaybookResult) -> bool:
+    """The upgrade ended rejected by the gates (rolled back, or a requested rollback they rejected too): from its
+    report (set_stats), or, where it reported none, its verdict task's failure."""
+    report = result.reported.get(UPGRADE_REPORT)
+    if report is not None:
+        return report.get("verdict") == "rejected"
+    return any(f["task"] == UPGRADE_VERDICT_TASK for f in result.failures)
 
 
 def failed_gates(result: runner.PlaybookResult) -> list[str]:
@@ -145,7 +158,10 @@ def summary(result: runner.PlaybookResult, playbook: str, inventory_path: str, c
             "gates": gates, "failed_gates": failed_gates(result),
             # Prefill hosts that failed their checks and were left out (pdctl_min_prefill_instances): their
             # failed check is also in failed_tasks, though the run was accepted.
-            "quarantined": list(result.quarantine), "artifact_dir": str(result.artifact_dir)}
+            "quarantined": list(result.quarantine), "artifact_dir": str(result.artifact_dir),
+            # How an upgrade ended (its report, UPGRADE_REPORT); absent for other playbooks.
+            **({"upgrade": {k: v for k, v in result.reported[UPGRADE_REPORT].items() if k != "play"}}
+               if UPGRADE_REPORT in result.reported else {})}
 
 
 def junit(result: runner.PlaybookResult, playbook: str) -> ET.ElementTree:

@@ -39,8 +39,9 @@ class PlaybookResult:
     gates: dict = field(default_factory=dict)
     # The quarantine report's lines (a headline, then "<host>: <check>: <message>"); [] when none.
     quarantine: list = field(default_factory=list)
-    # What the playbooks reported through set_stats ({name: data, with "play": the play that reported it}),
-    # e.g. playbooks/gates.yml's pdctl_gates_verdict: outcomes are read from there, not from task names.
+    # What the playbooks reported through set_stats ({name: data, with "play": the play that reported it}), as the
+    # run's stats (the playbook_on_stats event's artifact_data) have it, e.g. playbooks/gates.yml's
+    # pdctl_gates_verdict and playbooks/upgrade.yml's pdctl_upgrade: outcomes are read from there, not from task names.
     reported: dict = field(default_factory=dict)
 
     def total(self, key: str) -> int:
@@ -79,6 +80,7 @@ class _Recorder:
         self.gates = {}
         self.quarantine = []
         self.reported = {}
+        self.reported_in = {}  # {name: the play whose set_stats task reported it}
         self.play = None
         self.progress = progress
 
@@ -118,9 +120,16 @@ class _Recorder:
                 for name, value in (res["ansible_stats"].get("data") or {}).items():
                     if name.startswith("pdctl_") and isinstance(value, dict):
                         self.reported[name] = dict(value, play=self.play)
+                        self.reported_in[name] = self.play
             gate = GATE_ACTIONS.get(data.get("resolved_action") or data.get("task_action"))
             if gate and kind in ("runner_on_ok", "runner_on_failed"):
                 self.gates[gate] = {k: v for k, v in res.items() if not k.startswith("_") and k != "invocation"}
+        elif kind == "playbook_on_stats":
+            # The run's own account of what set_stats reported (per_host: false): what the playbook ended with is
+            # read from here first; the play that reported it comes from the set_stats task's event.
+            for name, value in (data.get("artifact_data") or {}).items():
+                if name.startswith("pdctl_") and isinstance(value, dict):
+                    self.reported[name] = dict(value, play=self.reported_in.get(name))
         if self.progress:
             self.progress(kind, data)
         return True  # keep every event in the artifacts

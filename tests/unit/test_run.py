@@ -163,3 +163,75 @@ def test_the_verdict_is_read_from_set_stats_whatever_the_task_is_called(tmp_path
     (message,) = [c.find("failure").get("message") for c in run.junit(res, "verdict.yml").getroot().iter("testcase")
                   if c.find("failure") is not None]
     assert message.startswith("gate failed (?): Whatever the verdict is called: Rollout rejected"), message
+
+
+UPGRADE_REJECTED = {"pdctl_upgrade": {"verdict": "rejected", "rolled_back": True, "passed": True, "kind": "release",
+                                      "reason": "the gates failed on B: SLA", "target_release": "A",
+                                      "play": "Upgrade verdict"}}
+
+
+def test_an_upgrade_is_judged_by_its_report_not_by_task_names():
+    """playbooks/upgrade.yml reports how it ended (set_stats pdctl_upgrade, upgrade_decide.outcome()): a rejected
+    verdict exits 3 whatever its task is called; a run that reported another verdict and failed elsewhere exits 1."""
+    assert run.exit_code(result(2, [failure(P0, "Whatever the verdict is called", "Upgrade rolled back")],
+                                reported=UPGRADE_REJECTED)) == 3
+    accepted = {"pdctl_upgrade": dict(UPGRADE_REJECTED["pdctl_upgrade"], verdict="accepted", rolled_back=False)}
+    assert run.exit_code(result(2, [failure(P0, run.UPGRADE_VERDICT_TASK, "a template error")],
+                                reported=accepted)) == 1
+    # Check mode reports its verdict too: nothing was measured, nothing rejected.
+    check = {"pdctl_upgrade": dict(accepted["pdctl_upgrade"], verdict="check")}
+    assert run.exit_code(result(2, [failure(P0, "Instance units", "template error")], reported=check)) == 1
+
+
+def test_the_summary_carries_the_upgrades_report():
+    doc = run.summary(result(2, [], reported=UPGRADE_REJECTED), "playbooks/upgrade.yml", "inventories/lab", 3, 1.0)
+    assert doc["upgrade"] == {k: v for k, v in UPGRADE_REJECTED["pdctl_upgrade"].items() if k != "play"}
+    assert "upgrade" not in run.summary(result(0), "site.yml", "inventories/lab", 0, 1.0)
+
+
+def test_what_set_stats_reported_is_read_from_the_runs_stats_first():
+    """The playbook_on_stats event's artifact_data (what set_stats left, per_host: false) is the run's account;
+    the set_stats task's own event says which play reported it."""
+    rec = runner._Recorder()
+    events = [
+        {"event": "playbook_on_play_start", "event_data": {"play": "Upgrade verdict"}},
+        {"event": "runner_on_ok", "event_data": {"host": P0, "task": "Report", "res": {"ansible_stats": {
+            "data": {"pdctl_upgrade": {"verdict": "accepted"}}, "per_host": False, "aggregate": False}}}},
+        {"event": "playbook_on_play_start", "event_data": {"play": "Later"}},
+        {"event": "playbook_on_stats", "event_data": {"artifact_data": {
+            "pdctl_upgrade": {"verdict": "rejected"}, "pdctl_gates_verdict": {"passed": False, "enforced": False},
+            "not_ours": {"x": 1}, "pdctl_odd": "not a dict"}}},
+    ]
+    for event in events:
+        assert rec(event) is True
+    assert rec.reported == {"pdctl_upgrade": {"verdict": "rejected", "play": "Upgrade verdict"},
+                            "pdctl_gates_verdict": {"passed": False, "enforced": False, "play": None}}
+    # No stats event (a run cut short): what the set_stats task reported stands.
+    rec = runner._Recorder()
+    for event in events[:2]:
+        rec(event)
+    assert rec.reported == {"pdctl_upgrade": {"verdict": "accepted", "play": "Upgrade verdict"}}
+
+
+def test_the_upgrades_verdict_is_read_from_set_stats_in_a_real_run(tmp_path):
+    """Through ansible-runner, as upgrade.yml's last play reports it: the verdict, then an assert of any name."""
+    book = tmp_path / "upgrade.yml"
+    book.write_text("""---
+- name: Upgrade verdict
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Whatever the report is called
+      ansible.builtin.set_stats:
+        data: {pdctl_upgrade: {verdict: rejected, rolled_back: true, reason: the gates failed on B}}
+        per_host: false
+        aggregate: false
+    - name: Whatever the verdict is called
+      ansible.builtin.assert: {that: false, fail_msg: "Upgrade rolled back: the gates failed on B"}
+""")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    localhost: {ansible_connection: local}\n")
+    res = runner.run_playbook(str(book), inv, private_data_dir=str(tmp_path / "runner"))
+    assert res.reported == {"pdctl_upgrade": {"verdict": "rejected", "rolled_back": True,
+                                              "reason": "the gates failed on B", "play": "Upgrade verdict"}}
+    assert run.exit_code(res) == 3

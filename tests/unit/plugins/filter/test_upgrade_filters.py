@@ -68,7 +68,7 @@ def test_rollout_lender_is_the_last_prefill_instance_by_name():
     assert rf.rollout_lender({"instances": PLAN["instances"][:1]}) is None
 
 
-@pytest.mark.parametrize("name", ["upgrade_target", "upgrade_rolls", "rollout_lender"])
+@pytest.mark.parametrize("name", ["upgrade_target", "upgrade_rolls", "upgrade_verdict", "upgrade_outcome", "rollout_lender"])
 def test_each_documented_filter_matches_its_signature(name):
     with open(os.path.join(FILTERS, name + ".yml")) as fh:
         doc = yaml.safe_load(fh)

@@ -266,3 +266,198 @@ def test_a_refusal_names_what_fails_first():
     """A release with a maintenance turn left is refused for the turn, not for the staging host it has."""
     got = rolls({h: host(release=True, turn={"host": h} if h == "d0" else None) for h in SERVING})
     assert got["kind"] == "release" and got["problem"].startswith("the maintenance turn of d0 was interrupted")
+
+
+def test_the_switch_names_each_hosts_instances_and_those_still_to_stop():
+    # KILL_POINTS switch, resumed: p1 still runs the old release (both pending), d0's decode was stopped by the
+    # killed run; the staging host's instances are the temporary decode's (vllm_instances).
+    got = rolls({"p0": host(current="/opt/pdctl/venvs/vllm-" + NEW),
+                 "p1": host(pending=["prefill-3", "prefill-2"], release=True),
+                 "d0": host(pending=["decode-0"], stopped=["decode-0"], release=True)}, journal=switching())
+    assert {h: names(i) for h, i in got["host_instances"].items()} == {
+        "d0": ["decode-0"], "p0": ["prefill-0", "prefill-1"], "p1": ["prefill-2", "prefill-3"]}
+    # In the plan's order, whatever order the host reported them in.
+    pending = {h: names(i) for h, i in got["host_pending"].items()}
+    assert pending == {"d0": ["decode-0"], "p0": [], "p1": ["prefill-2", "prefill-3"]}
+    assert got["switch_to"] == ""
+    back = rolls({"p1": host(release=True)}, target=OLD, rolling_back=True, journal=switching(state="rolling-back"))
+    assert back["switch_to"] == OLD
+
+
+# ---------------------------------------------------------------- verdict(): after the gates, back or not
+
+GATES_FAILED = "SLA: failed (mean TPOT 11 ms > 1 ms)"
+ROLLOUT = {"state": "rolling", "target": "cfg-new", "reason": "", "previous": {"pdctl_engine": {}}}
+
+
+def verdict(kind="release", rolling_back=False, journal=None, reason="", target=NEW, gated=False, rollout_rollback=False,
+            rollout=None, passed=True, check_mode=False):
+    return ud.verdict(kind, rolling_back, switching() if journal is None else journal, reason, target, gated,
+                      rollout_rollback, ROLLOUT if rollout is None else rollout, "cfg-new", passed,
+                      "" if passed else GATES_FAILED, check_mode)
+
+
+def test_a_release_that_passes_the_gates_stays():
+    got = verdict()
+    assert not got["rollback_now"] and not got["rollout_rollback_now"]
+    assert (got["rolling_back"], got["reason"], got["target_release"]) == (False, "", NEW)
+
+
+def test_a_release_that_fails_the_gates_goes_back_to_the_release_before_the_switch():
+    got = verdict(passed=False)
+    assert got["rollback_now"] and got["rolling_back"] and got["target_release"] == OLD
+    assert got["reason"] == "the gates failed on %s: %s" % (NEW, GATES_FAILED)
+    assert not got["rollout_rollback_now"] and got["rollout_reason"] == ""
+
+
+def test_a_switch_resumed_from_its_record_fails_the_gates_and_goes_back():
+    # KILL_POINTS switch or late: the resumed pass ends with the gates like the first one.
+    got = verdict(journal=switching(since="2026-12-02T00:00:00+00:00"), passed=False)
+    assert got["rollback_now"] and got["target_release"] == OLD
+
+
+def test_a_rollback_that_fails_the_gates_does_not_roll_back_again():
+    # KILL_POINTS rollback, resumed (the record says rolling-back), or `pdctl rollback`: one way back only.
+    got = verdict(rolling_back=True, journal=switching(state="rolling-back"), reason="the gates failed on x: y",
+                  target=OLD, passed=False)
+    assert not got["rollback_now"] and got["rolling_back"] and got["reason"] == "the gates failed on x: y"
+
+
+def test_check_mode_never_rolls_back():
+    assert not verdict(passed=False, check_mode=True)["rollback_now"]
+    assert not verdict(kind="compatible", gated=True, passed=False, check_mode=True)["rollout_rollback_now"]
+
+
+def test_a_compatible_change_never_switches_back_a_release():
+    got = verdict(kind="compatible", passed=False)
+    assert not got["rollback_now"] and not got["rollout_rollback_now"]  # not gated: the gates did not judge it
+
+
+def test_a_prefill_change_that_fails_the_gates_goes_back_to_the_configuration_before_it():
+    got = verdict(kind="compatible", gated=True, passed=False)
+    assert got["rollout_rollback_now"] and got["rollout_rollback"] and not got["rollback_now"]
+    assert got["rollout_reason"] == "the gates failed: %s" % GATES_FAILED
+    assert got["rollout"] == dict(ROLLOUT, target="cfg-new", state="rolling-back", reason=got["rollout_reason"])
+    assert ROLLOUT["state"] == "rolling"  # the record given is not changed in place
+
+
+def test_a_prefill_rollback_that_fails_the_gates_does_not_roll_back_again():
+    back = dict(ROLLOUT, state="rolling-back", reason="requested (pdctl rollback)")
+    got = verdict(kind="compatible", gated=True, rollout_rollback=True, rollout=back, passed=False)
+    assert not got["rollout_rollback_now"] and got["rollout"] == back
+
+
+# ---------------------------------------------------------------- outcome(): how the run ends
+
+def outcome(kind="release", rolling_back=False, journal=None, reason="", target=NEW, gated=False,
+            rollout_rollback=False, rollout=None, requested=False, pending=(), passed=True, check_mode=False):
+    return ud.outcome(kind, rolling_back, switching() if journal is None else journal, reason, target, gated,
+                      rollout_rollback, ROLLOUT if rollout is None else rollout, "cfg-new", requested,
+                      [{"name": n} for n in pending], passed, "SLA: passed" if passed else GATES_FAILED, check_mode)
+
+
+def test_a_switch_that_passed_is_accepted():
+    got = outcome()
+    assert got["ok"] and got["journal_state"] == "accepted"
+    assert (got["rollout_state"], got["rollout_target"], got["rollout_reason"]) == ("accepted", "cfg-new", "")
+    assert got["msg"] == "Every instance runs %s; the gates passed (SLA: passed). " % NEW
+    assert got["report"] == {"verdict": "accepted", "rolled_back": False, "passed": True, "reason": "",
+                             "kind": "release", "target_release": NEW}
+
+
+def test_a_switch_the_gates_rolled_back_fails_the_run_naming_why():
+    reason = "the gates failed on %s: %s" % (NEW, GATES_FAILED)
+    got = outcome(rolling_back=True, journal=switching(state="rolling-back", reason=reason), reason=reason,
+                  target=OLD)
+    assert not got["ok"] and got["journal_state"] == "rolled-back" and got["rollout_state"] is None
+    # benchmarks/upgrade.py reads these words.
+    assert got["msg"] == ("Upgrade rolled back: %s. Every instance runs %s again; the gates after the rollback "
+                          "passed. " % (reason, OLD))
+    assert got["report"] == {"verdict": "rejected", "rolled_back": True, "passed": True, "reason": reason,
+                             "kind": "release", "target_release": OLD}
+
+
+def test_a_rollback_the_gates_fail_too_leaves_the_record_rolling_back():
+    reason = "the gates failed on %s: x" % NEW
+    got = outcome(rolling_back=True, journal=switching(state="rolling-back"), reason=reason, target=OLD, passed=False)
+    # A rollback is recorded as finished whatever the gates said (it is as far back as it goes).
+    assert not got["ok"] and got["journal_state"] == "rolled-back"
+    assert got["msg"].endswith("the gates after the rollback FAILED too: %s. " % GATES_FAILED)
+
+
+def test_a_failed_switch_in_check_mode_records_nothing():
+    got = outcome(passed=True, check_mode=True)
+    assert got["ok"] and got["journal_state"] is None and got["rollout_state"] is None
+    assert got["msg"] == ("Check mode: nothing changed; the steps above are what a run would take  (the gates were "
+                          "not measured). ")
+    assert got["report"]["verdict"] == "check" and not got["report"]["rolled_back"]
+    back = outcome(rolling_back=True, reason=ud.REQUESTED, target=OLD, check_mode=True)
+    assert back["ok"] and "would take back to %s (the gates" % OLD in back["msg"]
+
+
+def test_a_requested_rollback_passes_when_the_gates_pass():
+    got = outcome(rolling_back=True, journal=switching(state="rolling-back"), reason=ud.REQUESTED, target=OLD)
+    assert got["ok"] and got["journal_state"] == "rolled-back"
+    assert got["msg"] == "Rolled back on request: every instance runs %s again, the gates passed (SLA: passed)." % OLD
+    assert got["report"]["verdict"] == "rolled-back" and got["report"]["reason"] == ud.REQUESTED
+    failed = outcome(rolling_back=True, journal=switching(state="rolling-back"), reason=ud.REQUESTED, target=OLD,
+                     passed=False)
+    assert not failed["ok"] and failed["msg"] == "Rolled back on request to %s, but the gates failed again: %s " % (
+        OLD, GATES_FAILED)
+
+
+def test_a_switch_the_gates_failed_in_the_same_run_leaves_the_record_switching():
+    # verdict() had no time to roll back (check mode aside, it always does); nothing is recorded as accepted.
+    got = outcome(passed=False)
+    assert got["journal_state"] is None and got["rollout_state"] is None
+
+
+def test_a_finished_switch_is_not_recorded_again():
+    for state in ("accepted", "rolled-back", "none"):
+        assert outcome(journal={} if state == "none" else switching(state=state))["journal_state"] is None
+
+
+def test_a_prefill_change_the_gates_rolled_back_fails_the_run_and_records_the_change_rolled_back():
+    back = dict(ROLLOUT, state="rolling-back", reason="the gates failed: %s" % GATES_FAILED)
+    got = outcome(kind="compatible", gated=True, rollout_rollback=True, rollout=back, journal={}, pending=["prefill-2"])
+    assert not got["ok"] and got["journal_state"] is None
+    assert (got["rollout_state"], got["rollout_target"], got["rollout_reason"]) == ("rolled-back", "cfg-new",
+                                                                                    back["reason"])
+    assert got["msg"] == ("Upgrade rolled back: %s (prefill configuration cfg-new). Every prefill instance runs its "
+                          "configuration before the change again; the gates after the rollback passed. " % back["reason"])
+    assert got["report"]["verdict"] == "rejected" and got["report"]["reason"] == back["reason"]
+
+
+def test_a_requested_prefill_rollback():
+    back = dict(ROLLOUT, state="rolling-back", reason=ud.REQUESTED)
+    got = outcome(kind="compatible", gated=True, rollout_rollback=True, rollout=back, requested=True, journal={})
+    assert got["ok"] and got["msg"] == ("Rolled back on request: the prefill instances run their configuration before "
+                                        "cfg-new again, the gates passed (SLA: passed).")
+    failed = outcome(kind="compatible", gated=True, rollout_rollback=True, rollout=back, requested=True, journal={},
+                     passed=False)
+    assert not failed["ok"] and failed["rollout_state"] is None
+    assert failed["msg"] == ("Rolled back on request from the prefill configuration cfg-new, but the gates failed "
+                             "again: %s " % GATES_FAILED)
+
+
+def test_a_compatible_change_counts_what_it_rolled():
+    got = outcome(kind="compatible", journal={}, pending=["prefill-2", "prefill-3"])
+    assert got["ok"] and got["msg"] == "2 instance(s) rolled one at a time."
+    gated = outcome(kind="compatible", gated=True, journal={}, pending=["prefill-2"])
+    assert gated["msg"] == "1 instance(s) rolled one at a time; the gates passed (SLA: passed)."
+    assert gated["rollout_state"] == "accepted" and gated["report"]["verdict"] == "accepted"
+
+
+def test_a_retried_release_that_passes_is_accepted_like_any_switch():
+    # -e upgrade_retry=true: target() let the rolled-back release through; the new switch record says switching.
+    got = outcome(journal=switching(since="2026-12-03T00:00:00+00:00"))
+    assert got["ok"] and got["journal_state"] == "accepted" and got["report"]["verdict"] == "accepted"
+
+
+def test_a_rollback_the_gates_asked_for_resumed_in_check_mode_is_still_rejected():
+    # KILL_POINTS rollback, then `pdctl upgrade --check`: the run fails as the rollback's would (pdctl exits 3).
+    reason = "the gates failed on %s: x" % NEW
+    got = outcome(rolling_back=True, journal=switching(state="rolling-back"), reason=reason, target=OLD, check_mode=True)
+    assert not got["ok"] and got["journal_state"] is None and got["report"]["verdict"] == "rejected"
+    assert not got["report"]["rolled_back"]  # nothing changed
+    assert got["msg"].startswith("Upgrade rolled back: %s." % reason)
