@@ -145,7 +145,7 @@ def rolls(instances, routers, serving, hosts, journal, target_release, rolling_b
     decode_resumed = bool(upgrade_turns)
     if decode_resumed and lent is not None:
         # Stopped (or starting) with the temporary decode on its GPUs and port: the decode change brings it back
-        # (temporary_decode_out.yml); the prefill roll would start it beside the temporary decode.
+        # (the traffic role's temporary_decode_out); the prefill roll would start it beside the temporary decode.
         pending = [i for i in pending if i["name"] != lent["name"]]
 
     out = {"kind": kind, "switch_resumed": switch_resumed, "pending": pending, "release_hosts": release_hosts,

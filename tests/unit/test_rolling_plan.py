@@ -73,10 +73,10 @@ def test_with_two_routers_a_temporary_decode_restarts_them_in_turn_and_a_prefill
     steps = rp.prefill_steps(two, TIMING, pending=["prefill-0", "decode-0"])
     # playbooks/tasks/upgrade_instance.yml changes both routers in one task (4 s once).
     assert steps[1]["seconds"] == 4 + 8 + 16
-    # temporary_decode_in.yml: two membership changes, each router host in turn (2 x 4 s each), the front door
+    # traffic role, temporary_decode_in: two membership changes, each router host in turn (2 x 4 s each), front door
     # away (8 + 16), the lender stops, the temporary decode starts, a canary through each router (2 x 128), home.
     assert steps[4]["seconds"] == 2 * 4 + 8 + 16 + 32 + 64 + 2 * 4 + 2 * 128 + 8 + 16 and steps[4]["drains"] == 2
-    # temporary_decode_out.yml and the way home: two membership changes again, the lender's canary.
+    # traffic role, temporary_decode_out, and the way home: two membership changes again, the lender's canary.
     assert steps[6]["seconds"] == 2 * 4 + 8 + 16 + 32 + 64 + 128 + 2 * 4 + 8 + 16
     # The decode host's maintenance turn takes the same way in and out.
     turn = rp.maintenance_steps(two, TIMING, hosts=["d0"])
