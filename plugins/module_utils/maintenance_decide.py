@@ -140,8 +140,8 @@ def carriers(turn_, active, minimum=None):
     minimum = int(minimum or 1)
     msg = ("%s stays in service: while it is out, %d prefill instance(s) would serve (%s), fewer than %d "
            "(pdctl_min_prefill_instances, default 1). Bring the other prefill hosts back first (`pdctl maintain "
-           "--limit HOST`, or site.yml); nothing was touched." % (turn_["host"], len(serving), ", ".join(serving) or "none",
-                                                                 minimum))
+           "--limit HOST`, or site.yml); nothing was touched."
+           % (turn_["host"], len(serving), ", ".join(serving) or "none", minimum))
     return {"ok": len(serving) >= minimum or turn_["serves_nothing"], "serving": serving, "msg": msg}
 
 

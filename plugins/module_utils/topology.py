@@ -214,10 +214,9 @@ def default_instances(host, hostvars, groups, problems):
     per = settings[0] * settings[1]
     if gpu_count > per and gpu_count % per:
         # A GPU count that is wrong (or a host that lost GPUs) must not silently drop an instance.
+        idle = ",".join(str(g) for g in range(gpu_count - gpu_count % per, gpu_count))
         problems.append("%s: pdctl_gpu_count %d is not a multiple of the %s pool's TP%d x DP%d: GPUs %s would sit "
-                        "idle (set pdctl_instances)" % (host, gpu_count, pools[0], settings[0], settings[1],
-                                                         ",".join(str(g) for g in range(gpu_count - gpu_count % per,
-                                                                                          gpu_count))))
+                        "idle (set pdctl_instances)" % (host, gpu_count, pools[0], settings[0], settings[1], idle))
     return [{"pool": pools[0]}] * max(1, gpu_count // per)
 
 
