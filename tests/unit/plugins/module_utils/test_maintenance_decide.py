@@ -15,15 +15,6 @@ DRIVER = "580.95.05"
 TURN_FILE = "/var/lib/pdctl/maintenance-turn.json"
 
 
-@pytest.fixture
-def filters():
-    """The filter plugin over these functions. ansible-test's module_utils units run without the controller's
-    ansible (no ansible.errors): there these few tests skip; the project's unit run (scripts/test) runs them."""
-    pytest.importorskip("ansible.errors")
-    from ansible_collections.pdctl.vllm_pd.plugins.filter import maintenance
-    return maintenance
-
-
 def _inst(name, host, pool, port, gpus):
     return {"name": name, "host": host, "pool": pool, "url": "http://%s:%d" % (host, port), "gpus": gpus,
             "unit": "pdctl-vllm-%s.service" % name, "api_port": port}
@@ -140,9 +131,9 @@ def test_a_router_host_asked_to_reboot_does_not_reload():
     assert md.order(GROUPS, hostvars, ["p0", "p1", "p2", "d0"])["reload_hosts"] == ["p1", "p1"]
 
 
-def test_the_filter_reads_each_hosts_facts(filters):
+def test_the_filter_reads_each_hosts_facts():
     hostvars = {h: _facts(["x"]) for h in ["p0", "d0"]}
-    assert filters.maintenance_order(GROUPS, hostvars, ("p0", "d0"))["hosts"] == ["p0", "d0"]
+    assert md.order(GROUPS, hostvars, ["p0", "d0"])["hosts"] == ["p0", "d0"]
 
 
 # ---------------------------------------------------------------- turn(): one host's turn
@@ -187,10 +178,9 @@ def test_a_host_whose_instances_are_all_down_serves_nothing():
     assert not md.turn(PLAN, "p1", down[:1], GROUPS, ["p1"])["serves_nothing"]
 
 
-def test_the_turn_filter_names_a_plan_without_prefill(filters):
-    from ansible.errors import AnsibleFilterError
-    with pytest.raises(AnsibleFilterError, match="no prefill instance"):
-        filters.maintenance_turn({"instances": [PLAN["instances"][-1]]}, "d0", [], GROUPS, ["d0"])
+def test_a_decode_turn_names_a_plan_without_prefill():
+    with pytest.raises(rp.PlanError, match="no prefill instance"):
+        md.turn({"instances": [PLAN["instances"][-1]]}, "d0", [], GROUPS, ["d0"])
 
 
 # ---------------------------------------------------------------- rescue(): a failed turn's membership
@@ -207,13 +197,13 @@ def test_a_failed_prefill_turn_leaves_the_routers_without_its_instances():
                    "decode_urls": _urls("decode-0")}
 
 
-def test_a_failed_decode_turn_keeps_the_temporary_decode_where_it_runs(filters):
+def test_a_failed_decode_turn_keeps_the_temporary_decode_where_it_runs():
     turn = md.turn(PLAN, "d0", [], GROUPS, ["d0"])
     got = md.rescue(PLAN, turn["instances"], turn["lender"], ["decode-temporary"])
     assert got == {"temporary": True, "prefill_urls": _urls("prefill-0", "prefill-1", "prefill-2", "prefill-10"),
                    "decode_urls": _urls("prefill-9")}
     # Failed before the temporary decode started (or after it stopped): the lender is a prefill instance again.
-    got = filters.maintenance_rescue(PLAN, turn["instances"], turn["lender"], ("prefill-9",))
+    got = md.rescue(PLAN, turn["instances"], turn["lender"], ["prefill-9"])
     assert got == {"temporary": False, "prefill_urls": _urls("prefill-0", "prefill-1", "prefill-2", "prefill-10", "prefill-9"),
                    "decode_urls": []}
 
@@ -244,10 +234,10 @@ def test_a_run_with_nothing_to_do_says_so():
         "todo": {}, "lines": ["Nothing to do: every host runs NVIDIA driver %s with its instances up." % DRIVER]}
 
 
-def test_a_run_lists_each_hosts_todo_in_the_turns_order(filters):
+def test_a_run_lists_each_hosts_todo_in_the_turns_order():
     hostvars = {"p1": {"maintenance_todo": ["package a", "a reboot (/run/reboot-required)"]},
                 "d0": {"maintenance_todo": ["instance pdctl-vllm-decode-0.service inactive"]}}
-    got = filters.maintenance_summary(("p1", "d0"), hostvars, DRIVER)
+    got = md.summary(["p1", "d0"], hostvars, DRIVER)
     assert got["lines"] == ["Hosts to maintain, one at a time, in this order (driver %s):" % DRIVER,
                             "p1: package a; a reboot (/run/reboot-required)",
                             "d0: instance pdctl-vllm-decode-0.service inactive"]
@@ -257,10 +247,10 @@ def test_a_run_lists_each_hosts_todo_in_the_turns_order(filters):
 # ---------------------------------------------------------------- carriers(): whether the host may leave
 
 
-def test_a_host_leaves_only_while_enough_prefill_instances_of_the_others_serve(filters):
+def test_a_host_leaves_only_while_enough_prefill_instances_of_the_others_serve():
     turn = md.turn(PLAN, "p1", [], GROUPS, ["p1"])
     assert md.carriers(turn, ["prefill-0"])["ok"]
-    got = filters.maintenance_carriers(turn, ["prefill-0"], 2)
+    got = md.carriers(turn, ["prefill-0"], 2)
     assert not got["ok"] and got["serving"] == ["prefill-0"]
     assert got["msg"].startswith("p1 stays in service: while it is out, 1 prefill instance(s) would serve (prefill-0), "
                                  "fewer than 2 (pdctl_min_prefill_instances, default 1).")
