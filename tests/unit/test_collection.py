@@ -25,14 +25,14 @@ def test_ansible_doc_renders_a_module_of_the_installed_collection(installed_coll
 
 def test_installed_roles_and_playbooks_are_listed(installed_collection):
     root = installed_collection / "ansible_collections" / "pdctl" / "vllm_pd"
-    assert {p.name for p in (root / "roles").iterdir()} == {p.name for p in (ROOT / "roles").iterdir()} - LAB_ROLES
+    assert {p.name for p in (root / "roles").iterdir()} == {p.name for p in (ROOT / "roles").iterdir()}
     assert (root / "playbooks" / "site.yml").is_file() and (root / "meta" / "runtime.yml").is_file()
     assert not (root / ".venv").exists() and not (root / ".lab").exists()
 
 
 # What the tarball must not carry: the pdctl package (pip installs it, the lab's code with it), the tests, the
-# benchmarks, the lab (its inventory, its role, its stand-in's docs) and what a checkout makes (galaxy.yml's
-# build_ignore).
+# benchmarks, the lab (its inventory, its stand-in's docs; its role still ships: collection_build.LAB_ROLES) and
+# what a checkout makes (galaxy.yml's build_ignore).
 NOT_THE_COLLECTION = ("src", "tests", "benchmarks", "molecule", "scripts", "inventories/lab", "library", ".lab",
                       "artifacts", ".venv", ".ansible", ".git", ".ci", "pyproject.toml") + LAB_FILES
 
@@ -48,11 +48,11 @@ def test_the_tarball_holds_the_collection_only(collection_tarball):
                    "inventories/b300/hosts.yml"):
         assert needed in names, needed
     roles = {n.split("/")[1] for n in names if n.startswith("roles/")}
-    assert roles == {p.name for p in (ROOT / "roles").iterdir()} - LAB_ROLES
+    assert roles == {p.name for p in (ROOT / "roles").iterdir()}
     for role in LAB_ROLES:  # each says it is the lab's
         meta = yaml.safe_load((ROOT / "roles" / role / "meta/main.yml").read_text())
         assert meta["galaxy_info"]["description"].startswith("Lab only"), role
-    for role in roles:
+    for role in roles - LAB_ROLES:
         meta = yaml.safe_load(tarball_text(collection_tarball, "roles/%s/meta/main.yml" % role))
         assert not meta["galaxy_info"]["description"].startswith("Lab only"), role
 
