@@ -88,6 +88,12 @@ def read(lines, driver, turn_file, plan=None, host=None):
     return state
 
 
+def _reloaders(groups):
+    """The router and front-door hosts, each once: a reboot there would move the front door, so their
+    maintenance reloads the driver module instead (unless the host needs a reboot)."""
+    return list(dict.fromkeys(list(groups.get("router") or ()) + list(groups.get("frontdoor") or ())))
+
+
 def order(groups, hostvars, play_hosts):
     """The hosts' turns, from each play host's read() facts (hostvars[host]: maintenance_todo,
     maintenance_instances_down, maintenance_reboot_required) and the inventory's groups. -> {hosts: the turns
@@ -100,7 +106,7 @@ def order(groups, hostvars, play_hosts):
     hosts = ([h for h in todo if h in prefill and h in down] + [h for h in todo if h in prefill and h not in down]
              + [h for h in todo if h not in prefill])
     reboot = [h for h in play_hosts if hostvars[h].get("maintenance_reboot_required")]
-    reload_hosts = [h for h in list(groups.get("router") or ()) + list(groups.get("frontdoor") or ()) if h not in reboot]
+    reload_hosts = [h for h in _reloaders(groups) if h not in reboot]
     return {"hosts": hosts, "reload_hosts": reload_hosts}
 
 
@@ -127,7 +133,7 @@ def turn(plan, host, instances_down, groups, hosts=()):
             "serves_nothing": len(instances_down or ()) >= len(mine),
             "lender": lent, "carriers": carriers, "probes": probes,
             "router_host": host in [r["host"] for r in plan.get("routers") or ()],
-            "activation": "reload" if host in list(groups.get("router") or ()) + list(groups.get("frontdoor") or ()) else "reboot",
+            "activation": "reload" if host in _reloaders(groups) else "reboot",
             "done": done, "left": [h for h in hosts if h not in done and h != host]}
 
 

@@ -104,7 +104,7 @@ def _facts(todo=(), down=(), reboot=False):
 def test_prefill_hosts_go_first_and_the_decode_host_last():
     hostvars = {h: _facts(["x"]) for h in ["d0", "p0", "p1", "p2"]}
     assert md.order(GROUPS, hostvars, ["d0", "p0", "p1", "p2"]) == {"hosts": ["p0", "p1", "p2", "d0"],
-                                                                    "reload_hosts": ["p0", "p1", "p0", "p1"]}
+                                                                    "reload_hosts": ["p0", "p1"]}
 
 
 def test_a_host_with_nothing_to_do_takes_no_turn_and_a_second_run_none():
@@ -128,7 +128,7 @@ def test_a_limited_run_takes_only_its_hosts():
 
 def test_a_router_host_asked_to_reboot_does_not_reload():
     hostvars = {"p0": _facts(["x"], reboot=True), "p1": _facts(["x"]), "p2": _facts(), "d0": _facts()}
-    assert md.order(GROUPS, hostvars, ["p0", "p1", "p2", "d0"])["reload_hosts"] == ["p1", "p1"]
+    assert md.order(GROUPS, hostvars, ["p0", "p1", "p2", "d0"])["reload_hosts"] == ["p1"]
 
 
 def test_the_filter_reads_each_hosts_facts():
