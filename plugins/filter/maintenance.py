@@ -10,6 +10,7 @@ dict, documented in the filter's own YAML file beside this one.
     preflight_plan | pdctl.vllm_pd.maintenance_rescue(maintenance_instances, maintenance_lender, running_names)
     maintenance_hosts | pdctl.vllm_pd.maintenance_summary(hostvars, driver)
     maintenance_turn | pdctl.vllm_pd.maintenance_carriers(active_names, pdctl_min_prefill_instances)
+    maintenance_turn | pdctl.vllm_pd.maintenance_failed(maintenance_failure)
 """
 from __future__ import annotations
 
@@ -46,8 +47,13 @@ def maintenance_carriers(turn, active, minimum=None):
     return md.carriers(turn, list(active or ()), minimum)
 
 
+def maintenance_failed(turn, failure):
+    return md.failed(turn, dict(failure or {}))
+
+
 class FilterModule:
     def filters(self):
         return {"maintenance_read": maintenance_read, "maintenance_order": maintenance_order,
                 "maintenance_turn": maintenance_turn, "maintenance_rescue": maintenance_rescue,
-                "maintenance_summary": maintenance_summary, "maintenance_carriers": maintenance_carriers}
+                "maintenance_summary": maintenance_summary, "maintenance_carriers": maintenance_carriers,
+                "maintenance_failed": maintenance_failed}

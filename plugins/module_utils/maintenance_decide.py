@@ -25,6 +25,7 @@ interrupted resumes where it stopped and a second run changes nothing:
   its aggregated router back); what a failed turn reads; the hosts done before it and those left, for the
   failure message.
 - carriers(): whether the host may leave, from what its carriers say (enough prefill instances serve on).
+- failed(): the message a failed turn stops the run with.
 - summary(): what the run prints before its first turn, and the to-do its report starts with.
 - rescue(): the membership the routers take when a turn fails: every instance but the host's, and in a
   decode turn the temporary decode where it still runs (the decode is not back).
@@ -149,6 +150,16 @@ def carriers(turn_, active, minimum=None):
            "--limit HOST`, or site.yml); nothing was touched."
            % (turn_["host"], len(serving), ", ".join(serving) or "none", minimum))
     return {"ok": len(serving) >= minimum or turn_["serves_nothing"], "serving": serving, "msg": msg}
+
+
+def failed(turn_, failure):
+    """The message a failed turn stops the run with. failure: {task, reason} of the task that failed."""
+    return ("%s is out of service: %s: %s Its instances (%s) stay stopped and no router sends to them; %shosts done: "
+            "%s; not touched: %s. Fix the host and run `pdctl maintain` again: it resumes with this host."
+            % (turn_["host"], failure.get("task", "?"), failure.get("reason", "failed"),
+               ", ".join(i["name"] for i in turn_["instances"]),
+               "the temporary decode serves in place of the decode; " if turn_["decode_turn"] else "",
+               ", ".join(turn_["done"]) or "none", ", ".join(turn_["left"]) or "none"))
 
 
 def summary(hosts, hostvars, driver):

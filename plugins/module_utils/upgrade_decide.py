@@ -108,7 +108,7 @@ def rolls(instances, routers, serving, hosts, journal, target_release, rolling_b
     "decode_resumed", "lender", "prefill_roll", "rolled": the names this pass rolls, "host_instances", "host_pending":
     {serving host: its planned instances, those of them that run another configuration}, "switch_to": the vllm
     role's vllm_switch_to, "problem": None or why this playbook must not roll it, "summary": what it rolls, in a
-    line}."""
+    line, "rolled_summary": what it rolled, the line the pass ends with}."""
     changing = {name for host in serving for name in hosts[host].get("pending") or ()}
     pending = [i for i in instances if i["name"] in changing]
     release_hosts = [h for h in serving if hosts[h].get("release_changes")]
@@ -166,6 +166,7 @@ def rolls(instances, routers, serving, hosts, journal, target_release, rolling_b
            "switch_to": target_release if rolling_back else ""}
     out["problem"] = _problem(out, prefill, routers, serving, maintenance_turns, journal_file, turn_file)
     out["summary"] = _summary(out, target_release, rolling_back)
+    out["rolled_summary"] = _rolled_summary(out, target_release)
     return out
 
 
@@ -209,6 +210,17 @@ def _summary(out, target_release, rolling_back):
     if out["decode_roll"]:
         line += "; the decode behind a temporary decode on %s's GPUs%s" % (
             out["lender"]["name"], " (resumed)" if out["decode_resumed"] else "")
+    return line
+
+
+def _rolled_summary(out, target_release):
+    """What the pass rolled, as the playbook prints it once the instances are back."""
+    if out["kind"] == "release":
+        return "every instance runs %s; no request was paired across releases" % target_release
+    line = ("%d instance(s) rolled (%s), one at a time: the standby routed to every other instance while one was out"
+            % (len(out["rolled"]), ", ".join(out["rolled"]) or "none"))
+    if out["decode_roll"]:
+        line += ", a temporary decode served while the decode restarted"
     return line
 
 

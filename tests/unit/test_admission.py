@@ -212,10 +212,11 @@ EXPECTED = {
 
 def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
     context = {"preflight_plan": B300, "upgrade_instance": _instances("prefill-0")[0],
-               "upgrade_staging": _instances("prefill-0", "prefill-1"), "maintenance_lender": _instances("prefill-3")[0],
+               "upgrade_decision": {"staging": _instances("prefill-0", "prefill-1")},
                "traffic_lender": _instances("prefill-3")[0],
-               "maintenance_instances": _instances("prefill-0", "prefill-1"), "maintenance_decode_turn": True,
-               "maintenance_turn": {"urls": [i["url"] for i in _instances("prefill-0", "prefill-1")]},
+               "maintenance_turn": {"urls": [i["url"] for i in _instances("prefill-0", "prefill-1")],
+                                    "instances": _instances("prefill-0", "prefill-1"), "decode_turn": True,
+                                    "lender": _instances("prefill-3")[0]},
                "maintenance_running": {"results": [{"stdout": "active", "item": {"name": "decode-temporary"}}]}}
     seen = {}
     # Every playbook and task file: a traffic move added anywhere must say what its target serves here too.

@@ -25,4 +25,10 @@ def test_the_filters_take_ansibles_tuples_and_generators():
     assert filters.maintenance_order(GROUPS, hostvars, ("d0",))["hosts"] == ["d0"]
     assert filters.maintenance_summary(iter(["d0"]), hostvars, "580.95.05")["todo"] == {"d0": ["x"]}
     assert set(filters.FilterModule().filters()) == {"maintenance_read", "maintenance_order", "maintenance_turn",
-                                                     "maintenance_rescue", "maintenance_summary", "maintenance_carriers"}
+                                                     "maintenance_rescue", "maintenance_summary", "maintenance_carriers",
+                                                     "maintenance_failed"}
+
+
+def test_the_failure_message_takes_ansibles_mappings():
+    turn = {"host": "d0", "instances": [DECODE], "decode_turn": True, "done": [], "left": []}
+    assert filters.maintenance_failed(turn, None).startswith("d0 is out of service: ?: failed Its instances (decode-0)")

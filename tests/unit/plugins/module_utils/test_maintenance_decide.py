@@ -226,6 +226,24 @@ def test_a_failed_decode_turn_reads_the_lender_and_the_temporary_decode_too():
     assert md.rescue(PLAN, turn["instances"], turn["lender"], [turn["probes"][-1]["name"]])["temporary"]
 
 
+# ---------------------------------------------------------------- failed(): the message a failed turn stops with
+
+def test_a_failed_prefill_turn_names_the_host_the_task_and_the_hosts_done_and_left():
+    turn = md.turn(PLAN, "p1", [], GROUPS, ["p0", "p1", "p2", "d0"])
+    assert md.failed(turn, {"task": "GPUs match", "reason": "GPU 2 missing."}) == (
+        "p1 is out of service: GPUs match: GPU 2 missing. Its instances (prefill-10, prefill-2) stay stopped and no "
+        "router sends to them; hosts done: p0; not touched: p2, d0. Fix the host and run `pdctl maintain` again: it "
+        "resumes with this host.")
+
+
+def test_a_failed_decode_turn_says_the_temporary_decode_serves():
+    turn = md.turn(PLAN, "d0", [], GROUPS, ["d0"])
+    assert md.failed(turn, {"task": "T", "reason": "R"}) == (
+        "d0 is out of service: T: R Its instances (decode-0) stay stopped and no router sends to them; the temporary "
+        "decode serves in place of the decode; hosts done: none; not touched: none. Fix the host and run `pdctl "
+        "maintain` again: it resumes with this host.")
+
+
 # ---------------------------------------------------------------- summary(): what the run prints first
 
 

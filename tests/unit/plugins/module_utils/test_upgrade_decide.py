@@ -284,6 +284,22 @@ def test_the_switch_names_each_hosts_instances_and_those_still_to_stop():
     assert back["switch_to"] == OLD
 
 
+# ---------------------------------------------------------------- rolled_summary: the line a pass ends with
+
+def test_a_pass_ends_saying_what_it_rolled():
+    assert rolls({})["rolled_summary"] == ("0 instance(s) rolled (none), one at a time: the standby routed to every other "
+                                           "instance while one was out")
+    assert rolls({"p1": host(pending=["prefill-3", "prefill-2"]), "d0": host(pending=["decode-0"])})["rolled_summary"] == (
+        "3 instance(s) rolled (decode-0, prefill-2, prefill-3), one at a time: the standby routed to every other instance "
+        "while one was out, a temporary decode served while the decode restarted")
+
+
+def test_a_release_pass_ends_saying_every_instance_runs_the_target():
+    got = rolls({h: host(pending=[n for n, where in HOSTS.items() if where == h], release=True) for h in SERVING},
+                target=OLD, rolling_back=True)
+    assert got["rolled_summary"] == "every instance runs %s; no request was paired across releases" % OLD
+
+
 # ---------------------------------------------------------------- verdict(): after the gates, back or not
 
 GATES_FAILED = "SLA: failed (mean TPOT 11 ms > 1 ms)"
