@@ -13,7 +13,7 @@ class ModuleDocFragment:
 options:
   config:
     description:
-      - Settings of the gate's C(DEFAULTS) (C(pdctl.gates.accuracy), C(pdctl.gates.sla)), e.g. the inventory's
+      - Settings of the gate's C(DEFAULTS) (plugin_utils C(gates.accuracy), C(gates.sla)), e.g. the inventory's
         C(pdctl_gate_accuracy) or C(pdctl_gate_sla). Options given to the module override them.
     type: dict
     default: {}

@@ -1,4 +1,3 @@
-#!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: pdctl contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
@@ -15,9 +14,9 @@ description:
     or any request failed.
   - Optionally searches the SLA capacity, the highest concurrency at which both limits still hold (doubling,
     then bisection, up to a maximum); use it as the router's admission limit.
-  - Thin wrapper over C(pdctl.gates.sla); it must run on the controller with the pdctl virtualenv's python
-    (C(delegate_to=localhost), C(run_once=true), C(ansible_python_interpreter="{{ ansible_playbook_python }}")).
-    The client itself may run on a serving host through O(exec_prefix) (for example C(ssh decode-0)).
+  - An action plugin (the collection's plugin_utils C(gates.sla)); it runs on the controller, whatever the task's
+    host; use C(run_once=true). The client itself may run on a serving host through O(exec_prefix) (for
+    example C(ssh decode-0)).
 version_added: "0.1.0"
 options:
   client:
@@ -58,9 +57,17 @@ options:
     type: dict
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
   - pdctl.vllm_pd.attributes
   - pdctl.vllm_pd.gate_client
   - pdctl.vllm_pd.gate_settings
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
 """
 
 EXAMPLES = r"""
@@ -71,10 +78,7 @@ EXAMPLES = r"""
     client: ["{{ pdctl_paths.venvs }}/current/bin/vllm", bench, serve]
     capacity: {enabled: true, max: 128}
     artifacts_dir: "{{ playbook_dir }}/../artifacts/gates/{{ ansible_date_time.iso8601_basic_short }}"
-  delegate_to: localhost
   run_once: true
-  vars:
-    ansible_python_interpreter: "{{ ansible_playbook_python }}"
 """
 
 RETURN = r"""
@@ -111,75 +115,3 @@ wall_s:
   returned: unless check mode
   sample: 640.2
 """
-
-from ansible.module_utils.basic import AnsibleModule
-
-RUN_KEYS = ("input_len", "concurrency", "num_prompts", "completed", "failed", "mean_ttft_ms", "p99_ttft_ms",
-            "mean_tpot_ms", "p99_tpot_ms", "sem_ttft_ms", "sem_tpot_ms", "output_throughput", "passed")
-
-
-def build_module():
-    return AnsibleModule(
-        argument_spec=dict(
-            router_url=dict(type="str", required=True),
-            api_key=dict(type="str", no_log=True),
-            ca_file=dict(type="path"),
-            # No defaults here: an option left unset keeps what `config` says (else sla.DEFAULTS).
-            client=dict(type="list", elements="str"),
-            exec_prefix=dict(type="list", elements="str"),
-            contexts=dict(type="list", elements="int"),
-            output_len=dict(type="int"),
-            concurrency=dict(type="int"),
-            num_prompts=dict(type="int"),
-            max_ttft_ms=dict(type="float"),
-            max_tpot_ms=dict(type="float"),
-            tokenizer=dict(type="str", no_log=False),   # a tokenizer name or path, not a secret
-            model=dict(type="str"),
-            capacity=dict(type="dict"),
-            config=dict(type="dict", default={}),
-            artifacts_dir=dict(type="path", required=True),
-        ),
-        supports_check_mode=True,
-    )
-
-
-def main():
-    module = build_module()
-    p = module.params
-    try:
-        from pdctl.gates import report, sla
-    except ImportError as exc:
-        module.fail_json(msg="sla_gate needs the pdctl package (%s): run it on the controller with "
-                             "ansible_python_interpreter set to the pdctl virtualenv's python" % exc)
-    cfg = dict(p["config"])
-    for key in ("client", "exec_prefix", "contexts", "output_len", "concurrency", "num_prompts", "max_ttft_ms",
-                "max_tpot_ms", "tokenizer", "model", "capacity"):
-        if p[key] is not None:
-            cfg[key] = p[key]
-    if p["api_key"]:
-        cfg["env"] = dict(cfg.get("env") or {}, OPENAI_API_KEY=p["api_key"])  # the client's bearer token
-    if p["ca_file"]:
-        # Trusted by the client's TLS (OpenSSL in vllm-rs, aiohttp in vllm bench); a path where the client runs.
-        cfg["env"] = dict(cfg.get("env") or {}, SSL_CERT_FILE=p["ca_file"])
-    problems = sla.validate(sla.merge_config(cfg))
-    if problems:
-        module.fail_json(msg="sla_gate: invalid input: %s" % "; ".join(problems), passed=False, failures=problems)
-    if module.check_mode:
-        module.exit_json(changed=False, passed=True, failures=[], validated=True)
-    try:
-        result = sla.run(p["router_url"], cfg, p["artifacts_dir"])
-    except sla.SlaError as exc:
-        module.fail_json(msg="sla_gate: %s" % exc, passed=False, failures=[str(exc)])
-    files = report.write_sla(p["artifacts_dir"], result)
-    out = dict(changed=False, passed=result["passed"], failures=result["failures"], files=files,
-               wall_s=result["wall_s"], runs=[{k: r.get(k) for k in RUN_KEYS} for r in result["runs"]])
-    if result.get("capacity"):
-        out["capacity"] = {k: v for k, v in result["capacity"].items() if k != "probes"}
-    if not result["passed"]:
-        module.fail_json(msg="SLA gate failed: %s (report %s)" % ("; ".join(result["failures"]), files["markdown"]),
-                         **out)
-    module.exit_json(**out)
-
-
-if __name__ == "__main__":
-    main()

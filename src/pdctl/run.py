@@ -24,7 +24,10 @@ from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission, to
 from pdctl import collection, inventory, runner
 
 EXIT_OK, EXIT_OTHER, EXIT_INVALID, EXIT_GATE, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
-# The preflight task that validates the serving plan: failing there means the inventory was rejected.
+# roles/preflight reports its verdict on the inventory through set_stats, before it asserts it:
+# {"ok": bool, "problems": [...]}; not ok means the inventory was rejected.
+PLAN_REPORT = "pdctl_plan"
+# That assert, for a run that reported no verdict (a collection from before the report).
 PLAN_TASK = "Inventory describes a valid P/D deployment"
 # playbooks/gates.yml reports its verdict through set_stats, before it asserts it.
 GATES_VERDICT = "pdctl_gates_verdict"
@@ -35,7 +38,9 @@ UPGRADE_REPORT = "pdctl_upgrade"
 # upgrade.yml's last task, for a run that reported no verdict (a playbook from before the report): it fails when
 # the gates rejected a release or a prefill change.
 UPGRADE_VERDICT_TASK = "Upgrade done, or rolled back"
-# upgrade_pass.yml's and maintenance.yml's plan of the run (rollout_plan's lines), printed by pdctl.
+# upgrade_pass.yml's and maintenance.yml's plan of the run (rollout_plan's lines), printed by pdctl: reported
+# through set_stats as a list of lines; the task that prints them for a run that reported none.
+ROLLOUT_PLAN_REPORT = "pdctl_rollout_plan"
 ROLLOUT_PLAN_TASK = "Rollout plan"
 # What --plan reads from the inventory: the timing model and the front door's limits (admission.share).
 PLAN_PRINT_VARS = ("pdctl_rollout_timing", "pdctl_frontdoor_max_inflight", "frontdoor_max_queue")
@@ -108,13 +113,33 @@ def _progress_printer(stream):
 def exit_code(result: runner.PlaybookResult) -> int:
     if result.ok:
         return EXIT_OK
-    if any(f["task"] == PLAN_TASK for f in result.failures):
+    if inventory_rejected(result):
         return EXIT_INVALID
     if any(f.get("unreachable") for f in result.failures):
         return EXIT_UNREACHABLE
     if failed_gates(result) or gates_rejected(result) or upgrade_rejected(result):
         return EXIT_GATE
     return EXIT_OTHER
+
+
+def inventory_rejected(result: runner.PlaybookResult) -> bool:
+    """Preflight rejected the inventory: from its report (set_stats), or, where it reported none, its plan task's
+    failure."""
+    report = result.reported.get(PLAN_REPORT)
+    if isinstance(report, dict):
+        return not report.get("ok")
+    return any(f["task"] == PLAN_TASK for f in result.failures)
+
+
+def rollout_plan(result: runner.PlaybookResult) -> list[str] | None:
+    """The rollout plan's lines that upgrade.yml / maintenance.yml reported (set_stats), or, where they reported
+    none, the message of their task that prints them; None when the run made no plan."""
+    lines = result.reported.get(ROLLOUT_PLAN_REPORT)
+    if isinstance(lines, list):
+        return [str(line) for line in lines]
+    for res in result.task_results(ROLLOUT_PLAN_TASK).values():
+        return res.get("msg")
+    return None
 
 
 def upgrade_rejected(result: runner.PlaybookResult) -> bool:
@@ -154,6 +179,10 @@ def summary(result: runner.PlaybookResult, playbook: str, inventory_path: str, c
             "outcome": {0: "accepted", 1: "failed", 2: "inventory rejected", 3: "gate failed",
                         4: "unreachable"}[code],
             "wall_s": round(wall_s, 1), "hosts": hosts,
+            # What preflight found wrong with the inventory (its report, PLAN_REPORT), as a rejection before the run
+            # writes it.
+            **({"problems": list(result.reported[PLAN_REPORT].get("problems") or [])}
+               if inventory_rejected(result) and isinstance(result.reported.get(PLAN_REPORT), dict) else {}),
             "failed_tasks": [{k: f.get(k) for k in ("host", "play", "task", "msg")} for f in result.failures],
             "gates": gates, "failed_gates": failed_gates(result),
             # Prefill hosts that failed their checks and were left out (pdctl_min_prefill_instances): their
@@ -223,11 +252,11 @@ def _cmd_run(args) -> int:
                                  progress=_progress_printer(sys.stderr))
     code = exit_code(result)
     doc = summary(result, args.playbook, args.inventory, code, time.monotonic() - t0)
-    # upgrade.yml / maintenance.yml print their steps for what the hosts have to do (ROLLOUT_PLAN_TASK).
-    for res in result.task_results(ROLLOUT_PLAN_TASK).values():
-        doc["rollout_plan"] = res.get("msg")
-        print("\n".join(res.get("msg") or []))
-        break
+    # upgrade.yml / maintenance.yml report their steps for what the hosts have to do (ROLLOUT_PLAN_REPORT).
+    lines = rollout_plan(result)
+    if lines is not None:
+        doc["rollout_plan"] = lines
+        print("\n".join(lines))
     _write(args, doc, junit(result, args.playbook))
     print("\npdctl run %s: %s (exit %d) in %.0fs; artifacts %s" % (args.playbook, doc["outcome"], code,
                                                                   doc["wall_s"], result.artifact_dir), file=sys.stderr)

@@ -42,6 +42,7 @@ class PlaybookResult:
     # What the playbooks reported through set_stats ({name: data, with "play": the play that reported it}), as the
     # run's stats (the playbook_on_stats event's artifact_data) have it, e.g. playbooks/gates.yml's
     # pdctl_gates_verdict and playbooks/upgrade.yml's pdctl_upgrade: outcomes are read from there, not from task names.
+    # A list (pdctl_rollout_plan's lines) is kept as it is, without the play.
     reported: dict = field(default_factory=dict)
 
     def total(self, key: str) -> int:
@@ -69,6 +70,11 @@ class PlaybookResult:
             lines.append("%-16s " % h + " ".join("%s=%d" % (k, (self.stats.get(k) or {}).get(h, 0))
                                                   for k in ("ok", "changed", "failures", "dark", "skipped")))
         return "\n".join(lines)
+
+
+def _with_play(value, play):
+    """A report with the play that made it (a dict's "play" key); a list (lines, e.g. pdctl_rollout_plan) as it is."""
+    return dict(value, play=play) if isinstance(value, dict) else list(value)
 
 
 class _Recorder:
@@ -118,8 +124,8 @@ class _Recorder:
                 self.quarantine = [str(m) for m in msg] if isinstance(msg, list) else [str(msg)]
             if kind == "runner_on_ok" and isinstance(res.get("ansible_stats"), dict):
                 for name, value in (res["ansible_stats"].get("data") or {}).items():
-                    if name.startswith("pdctl_") and isinstance(value, dict):
-                        self.reported[name] = dict(value, play=self.play)
+                    if name.startswith("pdctl_") and isinstance(value, (dict, list)):
+                        self.reported[name] = _with_play(value, self.play)
                         self.reported_in[name] = self.play
             gate = GATE_ACTIONS.get(data.get("resolved_action") or data.get("task_action"))
             if gate and kind in ("runner_on_ok", "runner_on_failed"):
@@ -128,8 +134,8 @@ class _Recorder:
             # The run's own account of what set_stats reported (per_host: false): what the playbook ended with is
             # read from here first; the play that reported it comes from the set_stats task's event.
             for name, value in (data.get("artifact_data") or {}).items():
-                if name.startswith("pdctl_") and isinstance(value, dict):
-                    self.reported[name] = dict(value, play=self.reported_in.get(name))
+                if name.startswith("pdctl_") and isinstance(value, (dict, list)):
+                    self.reported[name] = _with_play(value, self.reported_in.get(name))
         if self.progress:
             self.progress(kind, data)
         return True  # keep every event in the artifacts

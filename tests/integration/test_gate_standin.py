@@ -20,7 +20,8 @@ from pdctl import collection
 import yaml
 
 import requires
-from pdctl.gates import accuracy, answer_key, cli, sla
+from pdctl.gates import cli
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import accuracy, answer_key, sla
 from pdctl.lab import tokenizer, tools
 
 ROOT = collection.root()

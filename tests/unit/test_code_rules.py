@@ -39,6 +39,26 @@ def test_no_import_path_edits_and_no_root_discovery(path):
     assert not found, "\n".join(found)
 
 
+# The collection stands alone (issue 36): its plugins never import the pdctl package (the CLI, the lab); pdctl
+# imports the collection, never the other way round.
+PDCTL_IMPORT = re.compile(r"^\s*(from\s+pdctl(\.[\w.]+)?\s+import\b|import\s+pdctl\b)")
+PLUGIN_SOURCES = [p for p in SOURCES if p.relative_to(ROOT).parts[0] == "plugins"]
+
+
+def test_the_pdctl_import_rule_catches_what_it_names():
+    for line in ("from pdctl import outcome", "    from pdctl.gates import sla", "import pdctl.cache", "import pdctl"):
+        assert PDCTL_IMPORT.search(line), line
+    for line in ("from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome", "import pdctlx",
+                 "# the rule of pdctl.cache, which this collection does not import"):
+        assert not PDCTL_IMPORT.search(line), line
+
+
+@pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=[str(p.relative_to(ROOT)) for p in PLUGIN_SOURCES])
+def test_plugins_do_not_import_the_pdctl_package(path):
+    found = ["%s:%d: %s" % (path.relative_to(ROOT), n, line.strip())
+             for n, line in enumerate(path.read_text().splitlines(), 1) if PDCTL_IMPORT.search(line)]
+    assert not found, "\n".join(found)
+
 # Issue 36, acceptance 4: where pdctl puts its files on a host is written once, in the defaults layer
 # (roles/pdctl_defaults: pdctl_paths); roles, playbooks and modules name it, never the paths themselves.
 PATHS_HOME = ROOT / "roles" / "pdctl_defaults"

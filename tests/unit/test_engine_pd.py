@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pdctl.gates import answer_key
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import answer_key
 from pdctl.lab import tokenizer as lab_tokenizer
 from pdctl.lab.engine import answers, args as engine_args, kv, profile as engine_profile
 from pdctl.lab.engine.cli import load_model_dir

@@ -1,4 +1,4 @@
-"""Data staging (Hub file API and local directory), sampling, and GPQA privacy (pdctl.gates.datasets)."""
+"""Data staging (Hub file API and local directory), sampling, and GPQA privacy (plugin_utils.gates.datasets)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdctl.gates import answer_key, datasets
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import answer_key, datasets
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures" / "gates" / "datasets"
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -108,7 +108,7 @@ def test_answer_key_contract():
     assert sha == hashlib.sha256(items[0].prompt.encode("utf-8")).hexdigest()
     entry = key["entries"][sha]
     assert {"correct", "wrong"} <= set(entry)
-    from pdctl.gates import prompts
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import prompts
     assert prompts.aime_correct(prompts.aime_extract(entry["correct"]), items[0].answer)
     assert not prompts.aime_correct(prompts.aime_extract(entry["wrong"]), items[0].answer)
     assert answer_key.predicted_correct("00000000" + "0" * 56, 0.5)

@@ -1,9 +1,9 @@
-"""Answer extraction and prompt building (pdctl.gates.prompts)."""
+"""Answer extraction and prompt building (plugin_utils.gates.prompts)."""
 from __future__ import annotations
 
 import pytest
 
-from pdctl.gates import prompts as p
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import prompts as p
 
 
 @pytest.mark.parametrize("text, expected", [

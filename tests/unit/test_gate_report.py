@@ -1,10 +1,10 @@
-"""Report files: JSON, Markdown and PNG (pdctl.gates.report)."""
+"""Report files: JSON, Markdown and PNG (plugin_utils.gates.report)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pdctl.gates import accuracy, report, sla
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import accuracy, report, sla
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gates" / "vllm_rs_bench_result.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.gates import sla
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import sla
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gates" / "vllm_rs_bench_result.json"
 
@@ -166,5 +166,5 @@ def test_a_context_the_client_fails_twice_is_a_failure_and_the_others_are_still_
     assert report["unmeasured"][0]["input_len"] == 4096
     assert any("again after a retry" in f and "context 4096" in f for f in report["failures"])
     assert any("context 65536" in f and "mean TPOT" in f for f in report["failures"])
-    from pdctl.gates import report as gate_report
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import report as gate_report
     assert "| 4096 | not measured" in gate_report.sla_markdown(dict(report, wall_s=1.0))

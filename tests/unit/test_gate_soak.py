@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pdctl.gates import report, soak
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import report, soak
 
 
 def _samples(mb_per_request, n=40, noise_mb=0.0, seed=1):

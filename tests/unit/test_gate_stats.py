@@ -1,11 +1,11 @@
-"""Exact binomial arithmetic (pdctl.gates.stats)."""
+"""Exact binomial arithmetic (plugin_utils.gates.stats)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from pdctl.gates import accuracy, stats
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import accuracy, stats
 
 
 def test_cdf_sums_to_one_and_matches_pmf():

@@ -3,6 +3,8 @@
 `ansible-test sanity` (scripts/ansible-test) checks the rest: validate-modules (DOCUMENTATION against the
 argument spec, RETURN, EXAMPLES, markup, licence header), ansible-doc (every module renders).
 """
+import importlib
+
 import pytest
 import yaml
 from ansible.module_utils import basic
@@ -23,6 +25,10 @@ def documentation(name):
 
 
 def captured_module_kwargs(name, monkeypatch):
+    if (ROOT / "plugins" / "action" / (name + ".py")).exists():
+        # An action-only module (the file holds its documentation): the spec and check mode are the action plugin's.
+        action = importlib.import_module("ansible_collections.pdctl.vllm_pd.plugins.action." + name)
+        return {"argument_spec": action.ARGUMENT_SPEC, "supports_check_mode": action.ActionModule._supports_check_mode}
     captured = {}
     monkeypatch.setattr(basic.AnsibleModule, "__init__", lambda self, **kw: captured.update(kw))
     load(name).build_module()

@@ -50,7 +50,7 @@ def test_every_alert_has_a_firing_and_a_non_firing_case():
 
 
 def test_slo_limits_in_the_rules_are_the_sla_gates():
-    from pdctl.gates import sla
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import sla
 
     text = RULES.read_text()
     by_name = {a["alert"]: a["expr"] for a in _alerts()}

@@ -153,7 +153,7 @@ def test_stream_load_judges_each_request_by_the_rule(scripted, script, kind):
 
 @pytest.mark.parametrize("script,kind", [("answer-ok", None), ("answer-abort", "abort"), ("answer-short", "short")])
 def test_the_soak_gate_judges_its_requests_by_the_rule(scripted, script, kind):
-    from pdctl.gates import soak
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import soak
 
     cfg = soak.settings({"api_key": script, "max_tokens": 16})
     stop, out = threading.Event(), []
@@ -172,7 +172,7 @@ def test_the_soak_gate_judges_its_requests_by_the_rule(scripted, script, kind):
 def test_the_accuracy_gate_counts_an_aborted_answer_as_an_error(scripted, script, kind):
     import asyncio
 
-    from pdctl.gates import accuracy, datasets
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import accuracy, datasets
 
     item = datasets.Item(benchmark="aime", id="1", prompt="What is 3+4?", answer=7, meta={})
     cfg = accuracy.merge_config({"api_key": script})

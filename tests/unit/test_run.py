@@ -138,11 +138,19 @@ def test_task_results_read_each_hosts_result_of_a_task_from_the_events(tmp_path)
     assert res.task_results("nothing") == {}
 
 
+def real_run(tmp_path, playbook: str) -> runner.PlaybookResult:
+    """`playbook` (YAML text, plays on localhost) run for real through ansible-runner, as `pdctl run` runs one."""
+    book = tmp_path / "book.yml"
+    book.write_text(playbook)
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    localhost: {ansible_connection: local}\n")
+    return runner.run_playbook(str(book), inv, private_data_dir=str(tmp_path / "runner"))
+
+
 def test_the_verdict_is_read_from_set_stats_whatever_the_task_is_called(tmp_path):
     """A real run through ansible-runner: a play reports a rejecting verdict with set_stats (as playbooks/gates.yml
     does) and then fails on a task of any name; pdctl reads the verdict, exits 3 and says so in the JUnit file."""
-    book = tmp_path / "verdict.yml"
-    book.write_text("""---
+    res = real_run(tmp_path, """---
 - name: Rollout gates
   hosts: localhost
   gather_facts: false
@@ -155,9 +163,6 @@ def test_the_verdict_is_read_from_set_stats_whatever_the_task_is_called(tmp_path
     - name: Whatever the verdict is called
       ansible.builtin.assert: {that: false, fail_msg: Rollout rejected}
 """)
-    inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  hosts:\n    localhost: {ansible_connection: local}\n")
-    res = runner.run_playbook(str(book), inv, private_data_dir=str(tmp_path / "runner"))
     assert res.reported == REJECTED
     assert run.exit_code(res) == 3
     (message,) = [c.find("failure").get("message") for c in run.junit(res, "verdict.yml").getroot().iter("testcase")
@@ -215,8 +220,7 @@ def test_what_set_stats_reported_is_read_from_the_runs_stats_first():
 
 def test_the_upgrades_verdict_is_read_from_set_stats_in_a_real_run(tmp_path):
     """Through ansible-runner, as upgrade.yml's last play reports it: the verdict, then an assert of any name."""
-    book = tmp_path / "upgrade.yml"
-    book.write_text("""---
+    res = real_run(tmp_path, """---
 - name: Upgrade verdict
   hosts: localhost
   gather_facts: false
@@ -229,9 +233,63 @@ def test_the_upgrades_verdict_is_read_from_set_stats_in_a_real_run(tmp_path):
     - name: Whatever the verdict is called
       ansible.builtin.assert: {that: false, fail_msg: "Upgrade rolled back: the gates failed on B"}
 """)
-    inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  hosts:\n    localhost: {ansible_connection: local}\n")
-    res = runner.run_playbook(str(book), inv, private_data_dir=str(tmp_path / "runner"))
     assert res.reported == {"pdctl_upgrade": {"verdict": "rejected", "rolled_back": True,
                                               "reason": "the gates failed on B", "play": "Upgrade verdict"}}
     assert run.exit_code(res) == 3
+
+
+PLAN_LINES = ["Rollout plan: 2 steps, about 4 min", "  1. prefill-0 (lab-prefill-0)", "  2. prefill-1 (lab-prefill-0)"]
+
+
+def test_the_inventorys_verdict_is_read_from_preflights_report_not_the_task_name():
+    """roles/preflight reports the plan's verdict (set_stats pdctl_plan) before its assert: a rejection exits 2 and
+    the summary names the problems, whatever task failed; a plan reported ok is not a rejection, even where a task
+    of the assert's name failed; a run that reported nothing falls back to that name."""
+    rejected = {"pdctl_plan": {"ok": False, "problems": ["prefill-0: GPU 9 does not exist"], "play": "Preflight"}}
+    res = result(2, [failure(P0, "Whatever the check is called", "The inventory is invalid")], reported=rejected)
+    assert run.exit_code(res) == 2
+    assert run.summary(res, "site.yml", "inventories/lab", 2, 1.0)["problems"] == ["prefill-0: GPU 9 does not exist"]
+    ok = {"pdctl_plan": {"ok": True, "problems": [], "play": "Preflight"}}
+    assert run.exit_code(result(2, [failure(P0, run.PLAN_TASK, "a template error")], reported=ok)) == 1
+    assert "problems" not in run.summary(result(0, reported=ok), "site.yml", "inventories/lab", 0, 1.0)
+    assert run.exit_code(result(2, [failure(P0, run.PLAN_TASK, "bad")])) == 2
+
+
+def test_the_rollout_plan_is_read_from_its_report_then_from_the_task(tmp_path):
+    res = result(0, reported={"pdctl_rollout_plan": PLAN_LINES})
+    assert run.rollout_plan(res) == PLAN_LINES
+    # No report (a playbook from before it): the lines the "Rollout plan" task printed.
+    events = tmp_path / "job_events"
+    events.mkdir()
+    (events / "1.json").write_text(json.dumps({"event": "runner_on_ok", "event_data": {
+        "task": run.ROLLOUT_PLAN_TASK, "host": P0, "res": {"msg": PLAN_LINES[:1]}}}))
+    old = runner.PlaybookResult(rc=0, status="successful", stats={}, artifact_dir=tmp_path)
+    assert run.rollout_plan(old) == PLAN_LINES[:1]
+    assert run.rollout_plan(runner.PlaybookResult(rc=0, status="successful", stats={}, artifact_dir=tmp_path / "x")) is None
+
+
+def test_the_plan_and_rollout_plan_reports_are_read_from_set_stats_in_a_real_run(tmp_path):
+    """Through ansible-runner, as preflight and upgrade_pass.yml report them (the rollout plan a list of lines), then
+    a failing assert of another name: pdctl reads both from the run's stats."""
+    res = real_run(tmp_path, """---
+- name: Preflight
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Whatever the rollout plan is called
+      ansible.builtin.set_stats:
+        data: {pdctl_rollout_plan: %s}
+        per_host: false
+        aggregate: false
+    - name: Whatever the report is called
+      ansible.builtin.set_stats:
+        data: {pdctl_plan: {ok: false, problems: [prefill-0 has no GPU 9]}}
+        per_host: false
+        aggregate: false
+    - name: Whatever the check is called
+      ansible.builtin.assert: {that: false, fail_msg: The inventory is invalid}
+""" % json.dumps(PLAN_LINES))
+    assert res.reported == {"pdctl_plan": {"ok": False, "problems": ["prefill-0 has no GPU 9"], "play": "Preflight"},
+                            "pdctl_rollout_plan": PLAN_LINES}
+    assert run.exit_code(res) == 2
+    assert run.rollout_plan(res) == PLAN_LINES

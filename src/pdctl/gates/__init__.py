@@ -1,10 +1,7 @@
-"""Rollout gates: an accuracy smoke test and an SLA (latency) gate, run from the controller.
+"""`pdctl gate accuracy|sla|soak` (``cli``): the rollout gates from the command line.
 
-- ``datasets``: stage the evaluation data sets (Hub at a pinned revision, or a local directory), sha256-checked.
-- ``prompts``: prompt builders and answer extraction for AIME 2025, GPQA Diamond and LongBench v2.
-- ``accuracy``: ask the router, grade, and decide (floor, reference run, parse and truncation rates).
-- ``sla``: run ``vllm bench serve`` (or ``vllm-rs``) per context length, decide, and search the SLA capacity.
-- ``stats``: exact binomial arithmetic behind the floors and tolerances.
-- ``report``: JSON, Markdown and PNG reports under an artifacts directory.
-- ``answer_key``: build the answer key the lab's stand-in engine answers from.
+The gates' logic is the collection's controller-side code, shared with its action plugins
+(``pdctl.vllm_pd.accuracy_gate``, ``pdctl.vllm_pd.sla_gate``):
+``ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates`` - ``datasets``, ``prompts``, ``accuracy``,
+``sla``, ``soak``, ``stats``, ``report``, ``answer_key``.
 """

@@ -141,13 +141,13 @@ def _input_errors() -> tuple:
 
 
 def _outdir(args):
-    from pdctl.gates import report
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import report
 
     return args.artifacts or str(report.default_dir())
 
 
 def _run_accuracy(args) -> int:
-    from pdctl.gates import accuracy, datasets, report
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import accuracy, datasets, report
 
     try:
         url, cfg = _settings(args, "pdctl_gate_accuracy")
@@ -159,6 +159,10 @@ def _run_accuracy(args) -> int:
         for spec in args.samples:
             name, _, n = spec.partition("=")
             cfg.setdefault(name, {})["samples"] = int(n)
+        if not cfg.get("local_dir") and not cfg.get("cache_dir"):
+            from pdctl import cache
+
+            cfg["cache_dir"] = str(cache.cache_dir("datasets"))  # Hub downloads: pdctl's cache
         _apply_client_auth(args, cfg)
         reference = accuracy.load_reference(args.reference) if args.reference else None
         result, rows = accuracy.run(url, cfg, model=args.model, token=os.environ.get(args.hf_token_env) or None,
@@ -179,7 +183,7 @@ def _run_accuracy(args) -> int:
 
 
 def _run_sla(args) -> int:
-    from pdctl.gates import report, sla
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import report, sla
 
     try:
         url, cfg = _settings(args, "pdctl_gate_sla")
@@ -216,7 +220,7 @@ def _run_sla(args) -> int:
 
 
 def _run_soak(args) -> int:
-    from pdctl.gates import report, soak
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import report, soak
 
     try:
         url, cfg = _settings(args, "pdctl_gate_soak")

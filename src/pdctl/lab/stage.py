@@ -227,7 +227,7 @@ answers:
 
 def ensure_gate_inputs(lab_dir: Path, inventory_dir: Path) -> None:
     """Synthetic data sets, the stand-in's answer key and profile, and the real vllm-rs client."""
-    from pdctl.gates import answer_key
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import answer_key
     from pdctl.lab import synthetic_datasets, tools
 
     datasets = lab_dir / "datasets"

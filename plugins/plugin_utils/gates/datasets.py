@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from pdctl.cache import cache_dir as cache_root
-from pdctl.gates import prompts
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import prompts
 
 HUB_ENDPOINT = "https://huggingface.co"
 BENCHMARKS = ("aime", "gpqa", "longbench")
@@ -82,7 +81,8 @@ def stage(name: str, source: dict, local_dir=None, cache_dir=None, token=None, e
           client=None) -> dict:
     """Make the data set's files available locally; return {path_in_repo: {"path", "sha256"}}.
 
-    ``source``: {"repo_id", "revision", "files": {path: sha256}}. With ``local_dir`` nothing is fetched.
+    ``source``: {"repo_id", "revision", "files": {path: sha256}}. With ``local_dir`` nothing is fetched;
+    without it the files are downloaded into (and reused from) ``cache_dir``, which the caller names.
     """
     repo_id = source.get("repo_id") or DEFAULT_SOURCES[name]["repo_id"]
     files = _files(source) or dict.fromkeys(DEFAULT_SOURCES[name]["files"])
@@ -99,8 +99,10 @@ def stage(name: str, source: dict, local_dir=None, cache_dir=None, token=None, e
                                    % (name, revision or None))
             if not pinned:
                 raise DatasetError("%s: %s has no sha256 pin; refusing an unpinned download" % (name, rel))
-            cache = Path(cache_dir) if cache_dir else cache_root("datasets")
-            path = cache / repo_id / revision / rel
+            # The caller's cache (pdctl's, or the action plugin's default): this code imports no pdctl package.
+            if not cache_dir:
+                raise DatasetError("%s: a Hub download needs a cache directory (cache_dir)" % name)
+            path = Path(cache_dir) / repo_id / revision / rel
             if not path.is_file() or sha256_file(path) != pinned:
                 _download(endpoint or HUB_ENDPOINT, repo_id, revision, rel, path, token, client)
         digest = sha256_file(path)

@@ -1,7 +1,7 @@
 """SLA gate: run the real benchmark client through the router per context length, and search the SLA capacity.
 
 The client is ``vllm bench serve`` (production, from the vLLM venv on a serving host: give ``exec_prefix``
-such as ``["ssh", "decode-0"]`` and ``client: ["/opt/pdctl/vllm/bin/vllm", "bench", "serve"]``) or the
+such as ``["ssh", "decode-0"]`` and ``client: ["<pdctl_paths.venvs>/current/bin/vllm", "bench", "serve"]``) or the
 standalone ``vllm-rs bench serve`` (lab; same flags, same saved JSON). Each run uses the random data set at
 exact lengths (``--random-range-ratio 0 --ignore-eos``) and ``--save-result``; the gate reads the saved JSON
 (keys: completed, failed, mean_ttft_ms, mean_tpot_ms, std_*, p99_*, ...).
@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pdctl import outcome
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome
 
 DEFAULTS = {
     "contexts": [16384, 65536, 131072, 262144],

@@ -28,9 +28,7 @@ import statistics
 import threading
 import time
 
-import httpx
-
-from pdctl import outcome
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome
 
 DEFAULTS = {
     "duration_s": 180.0,
@@ -130,6 +128,8 @@ def unit_memory(text: str, name: str) -> float | None:
 
 
 def _sample(client: httpx.Client, instances: list[dict], t0: float) -> dict:
+    import httpx
+
     row = {"t": round(time.monotonic() - t0, 3), "instances": {}}
     pages = {}  # one node exporter read per host and sample
     for inst in instances:
@@ -150,6 +150,8 @@ def _verify(cfg: dict):
 
 
 def _load(url: str, cfg: dict, model: str, stop: threading.Event, t0: float, out: list, lock: threading.Lock):
+    import httpx
+
     headers = {"Authorization": "Bearer %s" % cfg["api_key"]} if cfg.get("api_key") else {}
     body = {"model": model, "messages": [{"role": "user", "content": cfg["prompt"]}],
             "max_tokens": int(cfg["max_tokens"]), "stream": False}
@@ -170,6 +172,9 @@ def _load(url: str, cfg: dict, model: str, stop: threading.Event, t0: float, out
 def run(router_url: str, instances: list[dict], cfg: dict | None = None) -> dict:
     """Run the soak against ``router_url``; ``instances`` are ``{"name", "url", "memory_url"}``: the instance's
     /metrics (finished requests) and its host's node exporter /metrics (the unit's memory) are sampled."""
+    # Imported here: the collection's plugins load without the gates' client libraries (ansible-test import).
+    import httpx
+
     cfg = settings(cfg)
     if not instances:
         raise SoakError("no instances to sample")

@@ -15,8 +15,8 @@ import asyncio
 import copy
 import time
 
-from pdctl import outcome
-from pdctl.gates import datasets, prompts, stats
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import datasets, prompts, stats
 
 DEFAULTS = {
     "benchmarks": ["aime", "gpqa", "longbench"],

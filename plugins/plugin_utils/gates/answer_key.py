@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdctl.gates import datasets, prompts
+from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import datasets, prompts
 
 
 def responses(item: datasets.Item) -> dict:
@@ -53,7 +53,7 @@ def write(path, items: list[datasets.Item], correct_rate: float = 0.9) -> Path:
 
 def build_from_config(config: dict, correct_rate: float = 0.9) -> dict:
     """A key for exactly the items an accuracy gate with this configuration will ask (local_dir required)."""
-    from pdctl.gates import accuracy
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import accuracy
 
     cfg = accuracy.merge_config(config)
     items = []
