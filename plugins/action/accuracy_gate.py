@@ -96,7 +96,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp  # no effect on an action that runs nothing remotely
-        _, p = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validated, p = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         result.update(measure(p, bool(self._task.check_mode)), changed=False)
         # As a module's fail_json/exit_json would: the secrets never appear in what the task returns.
         return remove_values(result, {p[k] for k in SECRETS if p[k]})

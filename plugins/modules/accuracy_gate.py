@@ -36,7 +36,9 @@ options:
     description: Air-gapped sites; the files are read from C(<local_dir>/<repo_id>/<path>) and nothing is fetched.
     type: path
   cache_dir:
-    description: Where Hub downloads are kept (default pdctl's cache on the controller, C(~/.cache/pdctl/datasets) unless E(PDCTL_CACHE_DIR) or E(XDG_CACHE_HOME) says otherwise).
+    description:
+      - Where Hub downloads are kept (default pdctl's cache on the controller, C(~/.cache/pdctl/datasets)
+        unless E(PDCTL_CACHE_DIR) or E(XDG_CACHE_HOME) says otherwise).
     type: path
   hf_token:
     description: Hugging Face token for the gated GPQA data set. Never logged.

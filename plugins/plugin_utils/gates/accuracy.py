@@ -164,7 +164,7 @@ async def ask_all(base_url: str, model: str, work: list, cfg: dict) -> list[dict
         if tasks:
             await asyncio.wait(tasks, timeout=float(cfg["time_budget_s"]))
         results = []
-        for task, (item, repeat, _) in zip(tasks, work):
+        for task, (item, repeat, _slot) in zip(tasks, work):
             if task.done() and not task.cancelled():
                 results.append(task.result())
             else:

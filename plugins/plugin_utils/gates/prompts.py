@@ -106,6 +106,7 @@ GPQA_TEMPLATE = (
     "{question}\n\nA) {A}\nB) {B}\nC) {C}\nD) {D}"
 )
 
+
 def gpqa_shuffle(item_id: str, correct: str, incorrect: list[str], seed: int) -> tuple[list[str], str]:
     """Deterministic per-item order of the four choices; returns (choices, correct letter)."""
     choices = [correct] + list(incorrect)

@@ -72,7 +72,7 @@ def accuracy_markdown(report: dict) -> str:
         where = ("revision %s" % prov["revision"]) if prov.get("revision") else "local %s" % prov.get("local_dir")
         files = ", ".join("%s sha256 %s" % (f, h[:16]) for f, h in prov["files"].items())
         lines.append("- %s: %s %s, %d items, seed %s; %s" % (name, prov["repo_id"], where, prov["items"],
-                                                          prov["seed"], files))
+                                                             prov["seed"], files))
     return "\n".join(lines) + "\n"
 
 
@@ -138,7 +138,7 @@ def sla_markdown(report: dict) -> str:
                   "", "| context | concurrency | mean TTFT ms | mean TPOT ms | verdict |", "|---|---|---|---|---|"]
         for p in sorted(cap["probes"], key=lambda p: (p["input_len"], p["concurrency"])):
             lines.append("| %d | %d | %.0f | %.2f | %s |" % (p["input_len"], p["concurrency"], p["mean_ttft_ms"],
-                                                         p["mean_tpot_ms"], "pass" if p["passed"] else "fail"))
+                                                             p["mean_tpot_ms"], "pass" if p["passed"] else "fail"))
     if report.get("failures"):
         lines += ["", "## Failures", ""] + ["- %s" % f for f in report["failures"]]
     return "\n".join(lines) + "\n"
@@ -245,8 +245,8 @@ def soak_plot(path: Path, report: dict) -> Path:
                if s["instances"][name].get("rss_bytes") is not None]
         if not pts:
             continue
-        xs = [f / 1000 for f, _ in pts]
-        line, = ax1.plot(xs, [r / 2**20 for _, r in pts], ".", label="%s%s" % (name, "" if inst["passed"] else " (FAIL)"))
+        xs = [f / 1000 for f, _rss in pts]
+        line, = ax1.plot(xs, [r / 2**20 for _done, r in pts], ".", label="%s%s" % (name, "" if inst["passed"] else " (FAIL)"))
         if inst["rss_slope_mb_per_1k"] is not None:
             fit = report["instances"][name]
             ends = [min(xs), max(xs)]

@@ -161,7 +161,7 @@ def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdi
     env = None if remote else {**os.environ, **{k: str(v) for k, v in cfg["env"].items()}}
     started = time.monotonic()
     try:
-        proc = subprocess.run(_full_argv(cfg, argv), capture_output=True, text=True, env=env,
+        proc = subprocess.run(_full_argv(cfg, argv), check=False, capture_output=True, text=True, env=env,
                               input=_remote_env_input(cfg), timeout=float(cfg["bench_timeout_s"]))
     except subprocess.TimeoutExpired:
         raise SlaError("context %d: the benchmark client ran past %ss (concurrency %d)"
@@ -178,7 +178,7 @@ def run_bench(cfg: dict, base_url: str, input_len: int, concurrency: int, workdi
                        % (input_len, proc.returncode, concurrency, " | ".join(tail)))
     path = Path(result_dir) / name
     if remote:
-        cat = subprocess.run(_full_argv(cfg, ["cat", str(path)]), capture_output=True, text=True,
+        cat = subprocess.run(_full_argv(cfg, ["cat", str(path)]), check=False, capture_output=True, text=True,
                              input=_remote_env_input(cfg), timeout=120)
         if cat.returncode != 0:
             raise SlaError("context %d: cannot read the saved result %s: %s" % (input_len, path, cat.stderr.strip()))
@@ -342,7 +342,7 @@ def capacity(cfg: dict, base_url: str, workdir: Path, cap: dict) -> dict:
             probes.append(result)
             return result["passed"]
 
-        per_context[ctx], _ = search_capacity(passes, int(cap["start"]), int(cap["max"]))
+        per_context[ctx], _probes = search_capacity(passes, int(cap["start"]), int(cap["max"]))
     limit = min(per_context.values())
     return {"per_context": per_context, "max_concurrency": limit, "bounded_by_max": limit >= int(cap["max"]),
             "router_max_concurrent_requests": limit, "probes": probes}

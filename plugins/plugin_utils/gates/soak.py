@@ -127,7 +127,7 @@ def unit_memory(text: str, name: str) -> float | None:
     return None
 
 
-def _sample(client: httpx.Client, instances: list[dict], t0: float) -> dict:
+def _sample(client, instances: list[dict], t0: float) -> dict:
     import httpx
 
     row = {"t": round(time.monotonic() - t0, 3), "instances": {}}
@@ -190,7 +190,7 @@ def run(router_url: str, instances: list[dict], cfg: dict | None = None) -> dict
     t0 = time.monotonic()
     stop, lock, requests = threading.Event(), threading.Lock(), []
     workers = [threading.Thread(target=_load, args=(router_url, cfg, model, stop, t0, requests, lock), daemon=True)
-               for _ in range(int(cfg["concurrency"]))]
+               for _worker in range(int(cfg["concurrency"]))]
     for w in workers:
         w.start()
     samples = []
@@ -216,13 +216,13 @@ def evaluate(router_url, model, cfg, instances, samples, requests, wall_s=None) 
         name = inst["name"]
         pts = [(s["instances"][name]["finished"], s["instances"][name]["rss_bytes"]) for s in samples
                if s["t"] >= warm and s["instances"][name].get("rss_bytes") is not None]
-        fit = linear_fit([f / 1000.0 for f, _ in pts], [r / 2**20 for _, r in pts])
+        fit = linear_fit([f / 1000.0 for f, _rss in pts], [r / 2**20 for _done, r in pts])
         served = (pts[-1][0] - pts[0][0]) if pts else 0
-        rss = [r for _, r in pts]
+        rss = [r for _done, r in pts]
         leak = (fit["slope"] is not None and fit["slope"] > limit and fit["ci95"][0] > 0)
         api = [(s["instances"][name]["finished"], s["instances"][name]["api_rss_bytes"]) for s in samples
                if s["t"] >= warm and s["instances"][name].get("api_rss_bytes") is not None]
-        api_fit = linear_fit([f / 1000.0 for f, _ in api], [r / 2**20 for _, r in api])
+        api_fit = linear_fit([f / 1000.0 for f, _rss in api], [r / 2**20 for _done, r in api])
         per_instance[name] = {"url": inst["url"], "memory_url": inst.get("memory_url"), "memory": UNIT_MEMORY,
                               "samples": len(pts), "requests_served": served,
                               "api_server_rss_slope_mb_per_1k": api_fit["slope"],

@@ -60,7 +60,7 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
 def _bisect(at_or_above) -> float:
     """The p in [0, 1] where the monotone predicate at_or_above(p) switches from False to True."""
     lo, hi = 0.0, 1.0
-    for _ in range(60):
+    for _attempt in range(60):
         mid = (lo + hi) / 2.0
         if at_or_above(mid):
             hi = mid
