@@ -105,7 +105,7 @@ import httpx
 import yaml
 
 from pdctl import collection, inventory
-from pdctl.lab import slow_start, stage
+from pdctl.lab import hardware, slow_start, stage
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad, vip_holder
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission, rollout_plan
@@ -778,8 +778,12 @@ def driver_scenario(scenario, tmp, result):
     new = yaml.safe_load((INVENTORY / "group_vars/all/lab_hardware.yml").read_text())["pdctl_lab_driver_rehearsal_versions"][0]
     result.update(driver_from=old, driver_to=new)
     link_down = scenario == "driver-link-down"
-    up = run_upgrade(driver_vars(tmp, new, LINK_DOWN_HOST if link_down else None), "maintenance (driver %s)" % new,
-                     playbook=MAINTENANCE)
+    target = driver_vars(tmp, new, LINK_DOWN_HOST if link_down else None)
+    if link_down:
+        # The fault goes into the emulated hardware before the run (the bench writes it: maintenance.yml never
+        # does); it shows only once the new release's module is loaded, by the host's turn.
+        problems += set_hardware(["-e", "@%s" % target], "the link-down fault under driver %s" % new)
+    up = run_upgrade(target, "maintenance (driver %s)" % new, playbook=MAINTENANCE)
     result["upgrade_s"] = round(up.took, 1)
     report = json.loads(REPORT.read_text())
     result["hosts_s"] = {h: t["seconds"] for h, t in report["turns"].items()}
@@ -817,7 +821,17 @@ def driver_scenario(scenario, tmp, result):
     drivers = host_drivers()
     if back.rc or not all(_on(drivers, h, old) for h in LAB_HOSTS):
         problems.append("restore exit %d, hosts %s" % (back.rc, drivers))
+    if link_down:
+        problems += set_hardware([], "the inventory's own (no fault)")
     return problems
+
+
+def set_hardware(extra_args, label):
+    """The lab hosts' emulated hardware from the serving inventory and extra_args (`pdctl-lab hardware`); the
+    problems, none when it was written."""
+    log("emulated hardware: %s" % label)
+    result = hardware.apply(SERVING_INVENTORY, extra_args=extra_args)
+    return [] if result.ok else ["emulated hardware (%s) not written: %s" % (label, result.failures)]
 
 
 if __name__ == "__main__":

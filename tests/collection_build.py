@@ -25,11 +25,10 @@ def collection_tarball(tmp_path_factory):
     return next(build.glob("pdctl-vllm_pd-*.tar.gz"))
 
 
-# The lab's parts inside the collection's own directories. Its engine stand-in's documentation is left out
-# (galaxy.yml build_ignore); its emulated-hardware role still ships, included only behind the lab's switch
-# (the lab suite deploys the lab from the installed collection, and the plan check must know the role's
-# variables): moving it out of the collection is issue 36's.
-LAB_ROLES = {"lab_hardware"}
+# The lab's parts that sit among the collection's own files, left out of the tarball (galaxy.yml build_ignore): its
+# engine stand-in's documentation. Its emulated-hardware role is the bench's (src/pdctl/lab/ansible/roles), so
+# no role of the collection is the lab's.
+LAB_ROLE_DIR = ROOT / "src" / "pdctl" / "lab" / "ansible" / "roles"
 LAB_FILES = ("docs/engine-standin.md",)
 
 

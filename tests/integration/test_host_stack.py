@@ -6,6 +6,7 @@ import yaml
 from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
+from pdctl.lab import hardware
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -69,12 +70,12 @@ def test_fabric_manager_version_skew_fails_before_any_install(host_stack, tmp_pa
 
 @pytest.fixture(scope="module")
 def restore_lab_hardware(lab):
-    """After this module's fault tests, the lab's normal hardware profile back (lab_hardware only): once,
-    since lab_hardware writes the whole profile and device tree from the inventory, so each fault test's
-    run replaces the last one's fault (as test_faults_lab.restore_engine does for engine profiles)."""
+    """After this module's fault tests, the lab's normal hardware profile back (the bench's lab_hardware,
+    `pdctl-lab hardware`): once, since lab_hardware writes the whole profile and device tree from the
+    inventory, so each fault test's run replaces the last one's fault (as test_faults_lab.restore_engine does
+    for engine profiles)."""
     yield
-    result = runner.run_playbook("playbooks/host_stack.yml", lab, tags="lab_hardware", limit=FAULTY,
-                                 envvars=LAB_ENV)
+    result = hardware.apply(lab, limit=FAULTY, envvars=LAB_ENV)
     assert result.ok, result.failures
 
 
@@ -113,10 +114,11 @@ def test_injected_fault_fails_the_post_check(host_stack, restore_lab_hardware, t
     inv = inventory_variant(tmp_path / "inv", {"host_vars/" + FAULTY: host_vars})
     # Only the faulty host: the healthy ones converge in the session's runs (three hosts at once cost
     # three times the CPU of this 2-core machine).
-    # The emulated hardware with the fault, then the post-checks only (tag verify): the install steps
-    # before them change nothing on a converged host and would only cost time.
-    result = runner.run_playbook("playbooks/host_stack.yml", inv, limit=FAULTY, tags="lab_hardware,verify",
-                                 envvars=LAB_ENV)
+    # The emulated hardware with the fault (the bench's `pdctl-lab hardware`), then the post-checks only
+    # (tag verify): the install steps before them change nothing on a converged host and would only cost time.
+    faulty = hardware.apply(inv, limit=FAULTY, envvars=LAB_ENV)
+    assert faulty.ok, faulty.failures
+    result = runner.run_playbook("playbooks/host_stack.yml", inv, limit=FAULTY, tags="verify", envvars=LAB_ENV)
     assert not result.ok
     # The check fails, then host_stack.yml's rescue fails the host with the same message (without
     # pdctl_min_prefill_instances no host is quarantined: tests/integration/test_quarantine_lab.py).

@@ -16,6 +16,7 @@ import yaml
 from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
+from pdctl.lab import hardware
 from test_quarantine_lab import ROUTER, router_prefills, unit_states
 from test_serving import CA, FRONTDOOR, client_key, on_host
 
@@ -65,14 +66,21 @@ def test_site_yml_refuses_a_driver_change_on_hosts_that_serve(converged_lab, tmp
 @pytest.fixture
 def new_driver_with_a_link_down(converged_lab, tmp_path, request):
     """The lab inventory with the rehearsal driver release in the manifest, and HOST's GPUs reporting
-    NVLink 7 of GPU 2 down under that release only."""
-    yield new_driver(tmp_path, **{"host_vars/" + HOST: {"pdctl_lab_hw_profile": {
+    NVLink 7 of GPU 2 down under that release only: written into HOST's emulated hardware by the bench
+    (`pdctl-lab hardware`) before the run, since maintenance.yml never writes it; the fault waits for the
+    release's module, which only the turn's reboot loads. Afterwards the inventory's own profile again."""
+    inv = new_driver(tmp_path, **{"host_vars/" + HOST: {"pdctl_lab_hw_profile": {
         "faults": {}, "faults_by_driver": {NEW: {"links_down": [{"gpu": 2, "link": 7}]}}}}})
-    if getattr(request.node, "call_passed", False):
-        return  # the test ended on a whole-fleet run with nothing to do
-    # Whatever the failed test left: the manifest's release on HOST, serving.
-    result = runner.run_playbook(PLAYBOOK, ROOT / "inventories/lab", envvars=LAB_ENV, limit=HOST)
-    assert result.ok, result.failures
+    faulty = hardware.apply(inv, limit=HOST, envvars=LAB_ENV)
+    assert faulty.ok, faulty.failures
+    yield inv
+    if not getattr(request.node, "call_passed", False):
+        # Whatever the failed test left: the manifest's release on HOST, serving (under the release's own
+        # module the fault is inert, so this runs before the profile is put back, as the test's own run does).
+        result = runner.run_playbook(PLAYBOOK, ROOT / "inventories/lab", envvars=LAB_ENV, limit=HOST)
+        assert result.ok, result.failures
+    restored = hardware.apply(ROOT / "inventories/lab", limit=HOST, envvars=LAB_ENV)
+    assert restored.ok, restored.failures
 
 
 def test_a_host_failing_its_checks_after_the_driver_upgrade_stays_out_until_it_passes(new_driver_with_a_link_down):

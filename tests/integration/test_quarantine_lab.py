@@ -5,16 +5,16 @@ reduced capacity; at 4 the run fails naming the host. The fault is then cleared 
 
 Every run is site.yml limited by tags to the plays the quarantine touches (a whole site.yml costs this
 phase too much), on a lab converged by the session's first run:
-- the fault: FAULT_TAGS - the emulated hardware (the fault goes in), the host stack's post-checks and the
-  quarantine play (tag verify: the checks fail, the rescue records the host, the play takes it out), the
+- the fault: the emulated hardware (the fault goes in: the bench's `pdctl-lab hardware`, the fixture), then
+  FAULT_TAGS - the host stack's post-checks and the quarantine play (tag verify: the checks fail, the rescue records the host, the play takes it out), the
   serving instances (the quarantined host sits the vllm play out, the others are unchanged), the router
   (its membership), the front door (unchanged, but its play waits until a router is up behind it: the
   router just restarted and the gates measure through the front door) and the gates (they measure: the
   router changed);
 - idempotence at reduced capacity: the checks and the router (the fault stays on the host until cleared);
 - the minimum at 4: the checks only (the run stops at the quarantine play);
-- the restore (fixture): the emulated hardware without the fault, the checks (nothing quarantined), the
-  instances (started and enabled again), the router (all four prefill instances) and the front door
+- the restore (fixture): the emulated hardware without the fault (`pdctl-lab hardware`), then the checks
+  (nothing quarantined), the instances (started and enabled again), the router (all four prefill instances) and the front door
   (serving again before the next test), on FAULTY and the router's host only: the other prefill host's
   units hold only its own instances, so nothing there changed. Not the gates: their verdict would be on
   processes that the next gated run measures again anyway (the fingerprint holds the instances' and the
@@ -31,6 +31,7 @@ import pytest
 from conftest import LAB_ENV
 from inventories import ROOT, inventory_variant
 from pdctl import runner
+from pdctl.lab import hardware
 from test_serving import INSTANCES, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -44,10 +45,10 @@ VERDICT = ROOT / "artifacts" / "quarantine" / "last.json"
 GATES_VERDICT_TASK = "Both gates passed"
 # The plays each run needs (site.yml's play and role tags; host_stack.yml's quarantine play is tagged
 # verify, its rescue and fact gathering always; preflight is always).
-FAULT_TAGS = "lab_hardware,verify,vllm,router,frontdoor,gates"
+FAULT_TAGS = "verify,vllm,router,frontdoor,gates"
 AGAIN_TAGS = "verify,router"
 MINIMUM_TAGS = "verify"
-RESTORE_TAGS = "lab_hardware,verify,vllm,router,frontdoor"
+RESTORE_TAGS = "verify,vllm,router,frontdoor"
 RESTORE_LIMIT = "%s,%s" % (FAULTY, ROUTER)  # the router's host is the front door's too (inventories/lab)
 
 
@@ -75,9 +76,15 @@ def unit_states(host):
 def missing_gpu(converged_lab, lab, tmp_path):
     """The lab inventory with GPU slot 5 of FAULTY missing; afterwards the fault is cleared and site.yml
     re-converges what the test changed (the instances started again, every router with all four prefill
-    instances, the checks' verdict without quarantine)."""
-    yield inventory_variant(tmp_path / "inv", {"host_vars/" + FAULTY: {
+    instances, the checks' verdict without quarantine). The bench writes the emulated hardware, fault and
+    restore alike; site.yml only checks it."""
+    inv = inventory_variant(tmp_path / "inv", {"host_vars/" + FAULTY: {
         "pdctl_lab_hw_profile": {"faults": {"missing_gpus": [5]}}}})
+    faulty = hardware.apply(inv, limit=FAULTY, envvars=LAB_ENV)
+    assert faulty.ok, faulty.failures
+    yield inv
+    restored = hardware.apply(lab, limit=FAULTY, envvars=LAB_ENV)
+    assert restored.ok, restored.failures
     result = runner.run_playbook("site.yml", lab, envvars=LAB_ENV, tags=RESTORE_TAGS, limit=RESTORE_LIMIT)
     assert result.ok, result.failures
     assert all(s == {"ActiveState": "active", "UnitFileState": "enabled"} for s in unit_states(FAULTY).values())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from collection_build import LAB_FILES, LAB_ROLES, tarball_names, tarball_text
+from collection_build import LAB_FILES, LAB_ROLE_DIR, tarball_names, tarball_text
 from collection_build import collection_tarball, installed_collection  # noqa: F401  (fixtures)
 from inventories import ROOT
 
@@ -31,8 +31,8 @@ def test_installed_roles_and_playbooks_are_listed(installed_collection):
 
 
 # What the tarball must not carry: the pdctl package (pip installs it, the lab's code with it), the tests, the
-# benchmarks, the lab (its inventory, its stand-in's docs; its role still ships: collection_build.LAB_ROLES) and
-# what a checkout makes (galaxy.yml's build_ignore).
+# benchmarks, the lab (its inventory, its stand-in's docs, its emulated-hardware role under src/) and what a
+# checkout makes (galaxy.yml's build_ignore).
 NOT_THE_COLLECTION = ("src", "tests", "benchmarks", "molecule", "scripts", "inventories/lab", "library", ".lab",
                       "artifacts", ".venv", ".ansible", ".git", ".ci", "pyproject.toml") + LAB_FILES
 
@@ -49,10 +49,12 @@ def test_the_tarball_holds_the_collection_only(collection_tarball):
         assert needed in names, needed
     roles = {n.split("/")[1] for n in names if n.startswith("roles/")}
     assert roles == {p.name for p in (ROOT / "roles").iterdir()}
-    for role in LAB_ROLES:  # each says it is the lab's
-        meta = yaml.safe_load((ROOT / "roles" / role / "meta/main.yml").read_text())
+    lab_roles = {p.name for p in LAB_ROLE_DIR.iterdir()}
+    assert lab_roles == {"lab_hardware"} and not lab_roles & roles, lab_roles & roles
+    for role in lab_roles:  # each says it is the lab's
+        meta = yaml.safe_load((LAB_ROLE_DIR / role / "meta/main.yml").read_text())
         assert meta["galaxy_info"]["description"].startswith("Lab only"), role
-    for role in roles - LAB_ROLES:
+    for role in roles:
         meta = yaml.safe_load(tarball_text(collection_tarball, "roles/%s/meta/main.yml" % role))
         assert not meta["galaxy_info"]["description"].startswith("Lab only"), role
 
@@ -81,7 +83,7 @@ def _role_refs(data, found):
                 _role_refs(value, found)
 
 
-def test_every_role_the_tarball_loads_is_in_it_and_the_lab_role_only_by_a_lab_switch(collection_tarball):
+def test_every_role_the_tarball_loads_is_in_it_and_none_is_the_labs(collection_tarball):
     names = tarball_names(collection_tarball)
     shipped = {n.split("/")[1] for n in names if n.startswith("roles/")}
     refs = []
@@ -89,12 +91,12 @@ def test_every_role_the_tarball_loads_is_in_it_and_the_lab_role_only_by_a_lab_sw
         if name.endswith(".yml") and name.startswith(("playbooks/", "roles/")) or name == "site.yml":
             _role_refs(yaml.safe_load(tarball_text(collection_tarball, name)), refs)
     assert refs
+    lab_roles = {p.name for p in LAB_ROLE_DIR.iterdir()}
     for how, role, when in refs:
         short = role.split(".")[-1]
-        if short in LAB_ROLES:  # never loaded statically; included only where the lab's switch is on
-            assert how == "include_role" and when == "pdctl_lab_hardware | bool", (how, role, when)
-        else:
-            assert short in shipped, role
+        # The lab's emulated hardware is the bench's to apply (pdctl-lab): no play of the collection loads it.
+        assert short not in lab_roles, (how, role, when)
+        assert short in shipped, role
 
 
 def test_the_installed_collection_plans_the_production_inventory(installed_collection):
@@ -109,6 +111,32 @@ def test_the_installed_collection_plans_the_production_inventory(installed_colle
                          text=True, env=env, cwd=installed_collection)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith(str(installed_collection)), res.stdout  # the installed copy planned it
+
+
+def test_the_installed_collection_plans_the_lab_inventory(installed_collection):
+    """The lab suite deploys the lab from the installed collection: its plan check knows the lab inventory's
+    emulated-hardware variables (pdctl_lab_hw_profile, pdctl_lab_ib_devices) from the pdctl package's lab role,
+    though the tarball has no lab role."""
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(installed_collection), **ONLY_INSTALLED)
+    code = ("import sys; from pdctl import cli, collection; print(collection.root()); "
+            "sys.exit(cli.main(['plan', '-i', sys.argv[1]]))")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT / "inventories/lab")], capture_output=True,
+                         text=True, env=env, cwd=installed_collection)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith(str(installed_collection)), res.stdout
+
+
+def test_only_the_pdctl_package_reads_the_labs_hardware_variables(installed_collection, monkeypatch):
+    """Which code knows the lab's emulated-hardware variables: the pdctl package (its lab role), never the
+    collection: without the package they are unknown, as any pdctl_* name no code reads."""
+    from ansible_collections.pdctl.vllm_pd.plugins.module_utils import varnames
+
+    root = str(installed_collection / "ansible_collections" / "pdctl" / "vllm_pd")
+    lab_names = {"pdctl_lab_hw_profile", "pdctl_lab_ib_devices"}
+    assert lab_names <= varnames.known_variables.__wrapped__(root)
+    monkeypatch.setattr(varnames, "package_dir", lambda: None)
+    assert not lab_names & varnames.known_variables.__wrapped__(root)
+    assert not lab_names & varnames.known_variables.__wrapped__(str(ROOT))  # this checkout's collection part too
 
 
 def test_requires_ansible_is_what_preflight_enforces():

@@ -287,10 +287,10 @@ def test_doca_ofed_goes_in_before_the_fabric_and_activates_through_a_handler():
     roles = yaml.safe_load((ROOT / "playbooks/tasks/host_stack_roles.yml").read_text())
     order = [(t.get("ansible.builtin.import_role") or t["ansible.builtin.include_role"])["name"].split(".")[-1]
              for t in roles]
-    # The lab's emulated hardware first, included only there: production never loads it (it is not built).
-    assert order[0] == "lab_hardware" and "ansible.builtin.include_role" in roles[0] and roles[0]["when"] == (
-        "pdctl_lab_hardware | bool") and roles[0]["ansible.builtin.include_role"]["apply"]["tags"] == ["lab_hardware"]
-    assert all("ansible.builtin.import_role" in t for t in roles[1:])
+    # The driver first; the lab's emulated hardware is not here: the bench writes it before (pdctl-lab up,
+    # src/pdctl/lab/ansible/hardware.yml), so production loads no lab role.
+    assert order[0] == "nvidia_driver" and "lab_hardware" not in order, order
+    assert all("ansible.builtin.import_role" in t for t in roles)
     assert order.index("rdma") < order.index("nvidia_fabric"), order
     tasks = yaml.safe_load((ROOT / "roles/rdma/tasks/0010-packages.yml").read_text())
     (doca,) = [t for t in tasks if "DOCA-OFED is installed" in t["name"]]

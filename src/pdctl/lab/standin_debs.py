@@ -7,7 +7,8 @@ same name, version from THE versions manifest (inventories/b300/group_vars/all/v
 content that behaves well enough in a systemd container:
 
 - nvidia-smi ships the lab GPU emulator (src/pdctl/lab/fakegpu/nvidia_smi.py) as /usr/bin/nvidia-smi;
-  it reads the host's hardware profile (/etc/pdctl/hw-profile.json, written by roles/lab_hardware).
+  it reads the host's hardware profile (/etc/pdctl/hw-profile.json, written by the bench's lab_hardware:
+  src/pdctl/lab/ansible, `pdctl-lab up` / `pdctl-lab hardware`).
 - nvidia-fabricmanager ships nv-fabricmanager (reports the profile's fabric manager version, then
   idles), nvidia-fabricmanager-start.sh and a service unit that runs in a container.
 - nvidia-persistenced ships an idle daemon and its unit; the rest carry only a README.
