@@ -38,6 +38,11 @@ def defaults(root=None):
     return copy.deepcopy(_defaults(root or varnames.collection_root()))
 
 
+def names(root=None):
+    """The names the defaults layer defines (sorted)."""
+    return sorted(_defaults(root or varnames.collection_root()))
+
+
 def layered(variables, names, root=None):
     """`variables` (a mapping) with each of `names` that it lacks and the layer defines filled in from the layer,
     as role defaults would be: the lowest precedence, a whole value (an inventory's dictionary replaces the

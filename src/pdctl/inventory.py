@@ -37,8 +37,9 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
         hosts = {}
         for host in inv.get_hosts():
             raw = variables.get_vars(host=host, include_hostvars=False)
-            # What a play sees: the defaults layer (roles/pdctl_defaults) under the inventory.
-            hv = defaults_layer.layered(raw, names or topology.PLAN_VARS)
+            # What a play sees: the whole defaults layer (roles/pdctl_defaults) under the inventory, so a wanted
+            # value can template from a layer name not wanted itself (_pdctl_flashinfer_cuda in pdctl_stage_wheels).
+            hv = defaults_layer.layered(raw, defaults_layer.names())
             templar = Templar(loader=loader, variables=hv)
             wanted = {k: v for k, v in hv.items() if k in (names or topology.PLAN_VARS)}
             hosts[host.name] = {
