@@ -59,6 +59,6 @@ def build_from_config(config: dict, correct_rate: float = 0.9) -> dict:
     items = []
     for name in cfg["benchmarks"]:
         found, _problems = datasets.load_benchmark(name, cfg["datasets"].get(name) or {}, cfg[name], int(cfg["seed"]),
-                                           local_dir=cfg["local_dir"], cache_dir=cfg["cache_dir"])
+                                                   local_dir=cfg["local_dir"], cache_dir=cfg["cache_dir"])
         items += found
     return build(items, correct_rate)
