@@ -42,3 +42,29 @@ def inventory_variant(dest: Path, overrides: dict | None = None, base: str = "la
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(data))
     return dest
+
+
+def _inventory_dir(inventory) -> Path:
+    """"b300", "lab", "minimal" or a path."""
+    if isinstance(inventory, str) and "/" not in inventory:
+        return MINIMAL if inventory == "minimal" else ROOT / "inventories" / inventory
+    return Path(inventory)
+
+
+def defining_file(inventory, name: str) -> Path:
+    """The file that gives `name` its value for an inventory's group `all`: the last of its group_vars/all files
+    (name order, as Ansible loads them) that sets it, else the defaults layer's file (roles/pdctl_defaults)."""
+    group_all = _inventory_dir(inventory) / "group_vars" / "all"
+    for path in sorted(group_all.glob("*.yml"), reverse=True):
+        if name in (yaml.safe_load(path.read_text()) or {}):
+            return path
+    layer = ROOT / "roles" / "pdctl_defaults" / "defaults" / "main"
+    for path in sorted(layer.glob("*.yml"), reverse=True):
+        if name in (yaml.safe_load(path.read_text()) or {}):
+            return path
+    raise KeyError("%s: neither %s nor the defaults layer sets it" % (name, group_all))
+
+
+def group_var(inventory, name: str):
+    """The untemplated value of `name` for an inventory's group `all` (its own files, else the defaults layer)."""
+    return yaml.safe_load(defining_file(inventory, name).read_text())[name]

@@ -19,14 +19,14 @@ import yaml
 from ansible_collections.pdctl.vllm_pd.plugins.filter import deadline
 
 from conftest import LAB_ENV
-from inventories import ROOT, inventory_variant
+from inventories import ROOT, inventory_variant, group_var
 from pdctl import outcome, runner
 from test_serving import CA, FRONTDOOR, MODEL, ROUTER_HOST, client_key, kv_pulls, on_host
 from test_two_routers_lab import _frontdoor_servers
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-LAB_ROUTER = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/router.yml").read_text())["pdctl_router"]
+LAB_ROUTER = group_var("lab", "pdctl_router")
 # The fixed --request-timeout-secs every inventory carried before the deadline was derived (commit fc16d48).
 OLD_DEADLINE_S = 1800
 # Production's 1M-token answer becomes 4096 tokens, its 600 s prefill 2.3 s; the old 1800 s becomes 7.0 s.

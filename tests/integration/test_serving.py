@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import LAB_ENV
-from inventories import ROOT, inventory_variant
+from inventories import ROOT, inventory_variant, group_var
 from pdctl import cli, outcome, runner
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -114,7 +114,7 @@ def test_changing_one_instance_restarts_only_that_instance(converged_lab, tmp_pa
 
 
 def test_unknown_flag_is_rejected_before_anything_switches(converged_lab, tmp_path):
-    serve_args = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/serving.yml").read_text())["pdctl_serve_args"]
+    serve_args = group_var("b300", "pdctl_serve_args")
     serve_args["prefill"].append("--no-such-flag")
     bad = inventory_variant(tmp_path / "inv", {"group_vars/all": {"pdctl_serve_args": serve_args}})
     units_before = {h: on_host(h, "sh", "-c", "sha256sum /etc/systemd/system/pdctl-vllm-*.service") for h in INSTANCES}

@@ -11,7 +11,7 @@ import threading
 import pytest
 import yaml
 
-from inventories import ROOT, inventory_variant
+from inventories import ROOT, inventory_variant, defining_file, group_var
 from pdctl import cli, stage, store
 from pdctl.lab import store as lab_store
 
@@ -115,9 +115,9 @@ def test_production_inventory_names_a_source_for_every_pin():
         assert pin["version"].startswith(hv["pdctl_versions"]["flashinfer"]), pin  # == flashinfer-python's
         assert pin["source"] in hv["pdctl_stage_sources"] and "sha256" in pin, pin
     assert "flashinfer-cubin" not in " ".join(stage.registry_requirements(hv)[0])
-    text = (B300 / "group_vars/all/engine.yml").read_text()
+    text = defining_file(B300, "pdctl_stage_wheels").read_text()
     assert "pdctl stage --check" in text  # says how a pin is filled
-    assert yaml.safe_load((B300 / "group_vars/all/host_stack.yml").read_text())["pdctl_cuda_apt_repo"] == {}
+    assert group_var(B300, "pdctl_cuda_apt_repo") == {}
 
 
 def test_staging_mirrors_the_apt_packages_and_the_model_into_the_store_signed(served, tmp_path):

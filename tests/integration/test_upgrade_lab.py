@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import LAB_ENV
-from inventories import ROOT, inventory_variant
+from inventories import ROOT, inventory_variant, group_var
 from pdctl import runner
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad
 from test_serving import CA, FRONTDOOR, INSTANCES, client_key, main_pids, on_host
@@ -54,7 +54,7 @@ def flag_change(converged_lab, tmp_path):
     the lab is rolled back to its own inventory (the same playbook), unless nothing changed (check mode):
     that run back would be a whole upgrade.yml with nothing to do."""
     before = _serving_state()
-    serving = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/serving.yml").read_text())
+    serving = {"pdctl_serve_args": group_var("lab", "pdctl_serve_args")}
     prefill = [("240" if prev == "--shutdown-timeout" else a)
                for prev, a in zip([None] + serving["pdctl_serve_args"]["prefill"], serving["pdctl_serve_args"]["prefill"])]
     assert prefill != serving["pdctl_serve_args"]["prefill"]
@@ -115,7 +115,7 @@ def test_decode_flag_change_rolls_behind_a_temporary_decode_and_loses_no_request
     its new unit, then everything goes back: no request fails, the front door never reaches fewer than 3 of 4
     prefill instances, only decode-0 and the lender restart, nothing is left behind; a second run changes nothing.
     Then the inventory's flag again, the same way."""
-    serving = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/serving.yml").read_text())
+    serving = {"pdctl_serve_args": group_var("lab", "pdctl_serve_args")}
     decode = [("240" if prev == "--shutdown-timeout" else a)
               for prev, a in zip([None] + serving["pdctl_serve_args"]["decode"], serving["pdctl_serve_args"]["decode"])]
     assert decode != serving["pdctl_serve_args"]["decode"]

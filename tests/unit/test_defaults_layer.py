@@ -32,7 +32,7 @@ def test_the_layer_is_the_roles_defaults_and_each_has_an_argument_spec():
     for path in sorted((ROLE / "defaults/main").glob("*.yml")):
         layer.update(yaml.safe_load(path.read_text()))
     assert defaults_layer.defaults() == layer
-    spec = yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    spec = yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"]["layer"]["options"]
     assert set(spec) == set(layer)
     assert set(topology.PLAN_VARS) & set(layer) >= {"pdctl_gpu_count", "pdctl_pools", "pdctl_ports",
                                                      "pdctl_model_path", "pdctl_versions", "pdctl_monitoring"}

@@ -16,7 +16,7 @@ import yaml
 
 import requires
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import kvpath, topology
-from inventories import B300, ROOT, inventory_variant
+from inventories import B300, ROOT, inventory_variant, group_var
 from pdctl import inventory
 from test_hw_captures import recorded_kv_runs
 
@@ -117,8 +117,7 @@ def test_playbook_reads_from_decode_per_path_with_each_instances_nics():
     assert "item.decode_ucx_net_devices" in initiator["pdctl.vllm_pd.kv_path_check"]["ucx_env"]
     assert listener["pdctl.vllm_pd.kv_path_check"]["gpu"] == "{{ item.gpu }}"
     for inv in ("b300", "lab"):
-        check = yaml.safe_load((ROOT / "inventories" / inv / "group_vars/all/network.yml").read_text())[
-            "pdctl_kv_path_check"]
+        check = group_var(inv, "pdctl_kv_path_check")
         assert check["gpus"] == "per_numa"
         assert check["bind_nics"] is (inv == "b300") and check["expect_rdma"] is (inv == "b300")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from inventories import ROOT
+from inventories import ROOT, group_var
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 MANIFEST = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/versions.yml").read_text())["pdctl_versions"]
@@ -222,8 +222,7 @@ def test_preflight_kernel_checks_are_gated_by_the_real_kernel_switch_and_probes_
         if "ansible.builtin.command" in task:
             assert task["changed_when"] is False and task["check_mode"] is False, task["name"]
     for inv, allowed in (("b300", False), ("lab", False)):
-        data = yaml.safe_load((ROOT / "inventories" / inv / "group_vars/all/host_requirements.yml").read_text())
-        assert data["pdctl_secure_boot_allowed"] is allowed
+        assert group_var(inv, "pdctl_secure_boot_allowed") is allowed
 
 
 def fabric_boot_files(tmp_path, nvlink5):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from inventories import group_var
 from pdctl import collection
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan as rp
@@ -145,8 +146,7 @@ def test_render_lists_each_step_with_capacity_and_the_estimate():
 
 @pytest.mark.parametrize("name", ["b300", "lab"])
 def test_each_inventory_has_a_whole_timing_model(name):
-    doc = yaml.safe_load((ROOT / "inventories" / name / "group_vars/all/rollout.yml").read_text())
-    assert set(rp.check_timing(doc["pdctl_rollout_timing"])) == set(rp.TIMING_KEYS)
+    assert set(rp.check_timing(group_var(name, "pdctl_rollout_timing"))) == set(rp.TIMING_KEYS)
 
 
 def test_pdctl_upgrade_plan_prints_without_hosts(capsys, tmp_path):

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from ansible_collections.pdctl.vllm_pd.plugins.filter import deadline
 
-from inventories import ROOT
+from inventories import ROOT, group_var
 
 
-PRODUCTION = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/router.yml").read_text())["pdctl_router"]
+PRODUCTION = group_var("b300", "pdctl_router")
 
 
 def test_longest_stream_is_prefill_plus_every_token_at_the_tpot_with_margin():

@@ -6,10 +6,10 @@ import pytest
 import yaml
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import serving
-from inventories import ROOT
+from inventories import ROOT, group_var
 from test_role_tasks import run_role_tasks
 
-SERVING = yaml.safe_load((ROOT / "inventories/b300/group_vars/all/serving.yml").read_text())
+SERVING = {name: group_var("b300", name) for name in ("pdctl_serve_args", "pdctl_serve_stop_timeout_s")}
 
 
 @pytest.mark.parametrize("args,seconds", [
@@ -24,8 +24,8 @@ def test_shutdown_timeout_of_a_pools_args(args, seconds):
 
 def test_the_production_inventory_outlasts_its_drains():
     for inv in ("b300", "lab"):
-        doc = yaml.safe_load((ROOT / "inventories" / inv / "group_vars/all/serving.yml").read_text())
-        assert serving.stop_timeout_problems(doc["pdctl_serve_args"], doc["pdctl_serve_stop_timeout_s"]) == [], inv
+        assert serving.stop_timeout_problems(group_var(inv, "pdctl_serve_args"),
+                                             group_var(inv, "pdctl_serve_stop_timeout_s")) == [], inv
 
 
 def test_a_stop_timeout_at_or_below_a_drain_names_the_pool():
