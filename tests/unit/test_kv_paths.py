@@ -116,9 +116,10 @@ def test_playbook_reads_from_decode_per_path_with_each_instances_nics():
     assert "item.ucx_net_devices" in listener["pdctl.vllm_pd.kv_path_check"]["ucx_env"]
     assert "item.decode_ucx_net_devices" in initiator["pdctl.vllm_pd.kv_path_check"]["ucx_env"]
     assert listener["pdctl.vllm_pd.kv_path_check"]["gpu"] == "{{ item.gpu }}"
-    for inv in ("b300", "lab"):
-        check = yaml.safe_load((ROOT / "inventories" / inv / "group_vars/all/network.yml").read_text())[
-            "pdctl_kv_path_check"]
+    # b300's check settings are the defaults layer's; the lab sets its own.
+    for inv, path in (("b300", "roles/pdctl_defaults/defaults/main/network.yml"),
+                      ("lab", "inventories/lab/group_vars/all/network.yml")):
+        check = yaml.safe_load((ROOT / path).read_text())["pdctl_kv_path_check"]
         assert check["gpus"] == "per_numa"
         assert check["bind_nics"] is (inv == "b300") and check["expect_rdma"] is (inv == "b300")
 
