@@ -15,7 +15,9 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
   pdctl_pools              {pool: {tensor_parallel_size, data_parallel_size}}
   pdctl_ports              {api_base, side_channel_base, dp_rpc_base, router, router_metrics,
                             frontdoor, frontdoor_metrics (front-door hosts only), and host-level ports
-                            used during a deploy (kv_path_check, model_fanout, ...)}
+                            used during a deploy (kv_path_check, model_fanout, ...); on a prefill host
+                            kv_path_check holds one port per KV path it checks, from there up}
+  pdctl_kv_path_check      optional, its gpus (per_numa or all) sizes that range
   pdctl_monitoring         optional, the monitoring's listeners (roles/monitoring): node_exporter_port
                            (serving and router hosts), dcgm_exporter {enabled, port} (serving hosts),
                            port (Prometheus, on a router host)
@@ -61,7 +63,7 @@ AGGREGATED_PORT_KEYS = ("router_aggregated", "router_aggregated_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile",
-             "pdctl_min_prefill_instances", "pdctl_frontdoor_vip", "pdctl_monitoring")
+             "pdctl_min_prefill_instances", "pdctl_frontdoor_vip", "pdctl_monitoring", "pdctl_kv_path_check")
 ROUTER_GROUP = "router"
 FRONTDOOR_GROUP = "frontdoor"
 # The router listens here when the front door is on its own host and nowhere else.
@@ -220,7 +222,7 @@ def default_instances(host, hostvars, groups, problems):
     return [{"pool": pools[0]}] * max(1, gpu_count // per)
 
 
-def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
+def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False, claims_out=None):
     """Place the host's instances on its GPUs and ports; return instance dicts.
 
     frontdoor: the host runs the front door, so its ports join the host's clash check."""
@@ -314,9 +316,15 @@ def _plan_host(host, hostvars, groups, counters, problems, frontdoor=False):
         fd = _port_table(hostvars, host, [], FRONTDOOR_PORT_KEYS)  # _plan_frontdoor reports its problems
         if None not in fd.values() and len(fd) == len(FRONTDOOR_PORT_KEYS):
             service_claims += [(fd["frontdoor"], "front door port"), (fd["frontdoor_metrics"], "front door metrics port")]
-    _check_host_clashes(host, instances, [(p, p, who) for p, who in service_claims] +
-                        _extra_port_claims(hostvars, host, problems) +
-                        _monitoring_claims(hostvars, host, groups, problems), problems)
+    extra = ([(p, p, who) for p, who in service_claims] + _extra_port_claims(hostvars, host, problems) +
+             _monitoring_claims(hostvars, host, groups, problems))
+    if "prefill" in groups:
+        # A prefill host's KV-path check listeners span a range known once every instance is placed on
+        # its hardware (_check_kv_check_ports); its first port alone is not checked here.
+        extra = [c for c in extra if c[2] != KV_CHECK_PORT_LABEL]
+    _check_host_clashes(host, instances, extra, problems)
+    if claims_out is not None:
+        claims_out[host] = _port_claims(instances, extra)
     return instances
 
 
@@ -420,21 +428,57 @@ def _check_host_clashes(host, instances, extra_claims, problems):
             if gpu in owner:
                 problems.append("%s: GPU %d is in both %s and %s" % (host, gpu, owner[gpu], inst["name"]))
             owner.setdefault(gpu, inst["name"])
-    # Every listening port on the host, with who holds it.
+    claims = _port_claims(instances, extra_claims)
+    for i, claim in enumerate(claims):
+        _check_claim(host, claim, claims[i + 1:], problems)
+
+
+def _port_claims(instances, extra_claims):
+    """Every listening port on the host, with who holds it: (first, last, who)."""
     claims = []
     for inst in instances:
         claims.append((inst["api_port"], inst["api_port"], "%s API port" % inst["name"]))
         lo, hi = inst["side_channel_ports"]
         claims.append((lo, hi, "%s NIXL side-channel range" % inst["name"]))
         claims.append((inst["dp_rpc_port"], inst["dp_rpc_port"], "%s DP RPC port" % inst["name"]))
-    claims.extend(extra_claims)
-    for i, (lo_a, hi_a, who_a) in enumerate(claims):
-        if not 1 <= lo_a <= hi_a <= 65535:
-            problems.append("%s: %s %s is outside 1-65535" % (host, who_a, _span(lo_a, hi_a)))
-        for lo_b, hi_b, who_b in claims[i + 1:]:
-            if lo_a <= hi_b and lo_b <= hi_a:
-                problems.append("%s: port clash: %s %s overlaps %s %s"
-                                % (host, who_a, _span(lo_a, hi_a), who_b, _span(lo_b, hi_b)))
+    return claims + list(extra_claims)
+
+
+def _check_claim(host, claim, others, problems):
+    lo_a, hi_a, who_a = claim
+    if not 1 <= lo_a <= hi_a <= 65535:
+        problems.append("%s: %s %s is outside 1-65535" % (host, who_a, _span(lo_a, hi_a)))
+    for lo_b, hi_b, who_b in others:
+        if lo_a <= hi_b and lo_b <= hi_a:
+            problems.append("%s: port clash: %s %s overlaps %s %s"
+                            % (host, who_a, _span(lo_a, hi_a), who_b, _span(lo_b, hi_b)))
+
+
+KV_CHECK_PORT_LABEL = "kv_path_check port"
+
+
+def _check_kv_check_ports(hosts, instances, claims, problems):
+    """The KV-path check (playbooks/verify_kv_path.yml) opens one listener per checked path on each prefill
+    host, from pdctl_ports.kv_path_check up (kv_check_paths gives path n on a host base + n): that whole
+    range must clash with no other port of the host."""
+    for host in sorted(claims, key=_natural_key):
+        hostvars = hosts[host].get("vars") or {}
+        if "prefill" not in (hosts[host].get("groups") or []):
+            continue
+        base = _as_int((hostvars.get("pdctl_ports") or {}).get("kv_path_check"), "", [])
+        if base is None:
+            continue
+        check = hostvars.get("pdctl_kv_path_check") or {}
+        gpus = check.get("gpus", "per_numa") if isinstance(check, dict) else "per_numa"
+        if gpus not in KV_CHECK_GPUS:
+            problems.append("%s: pdctl_kv_path_check.gpus must be one of %s, found %r"
+                            % (host, ", ".join(KV_CHECK_GPUS), gpus))
+            continue
+        count = sum(1 for p in kv_check_paths({"instances": instances}, base, gpus) if p["prefill_host"] == host)
+        last = base + max(count, 1) - 1
+        who = "%s range (%d KV-path check listener%s)" % (KV_CHECK_PORT_LABEL, count, "" if count == 1 else "s") \
+            if count > 1 else KV_CHECK_PORT_LABEL
+        _check_claim(host, (base, last, who), claims[host], problems)
 
 
 def _span(lo, hi):
@@ -484,6 +528,7 @@ def build_plan(hosts):
     counters = {pool: 0 for pool in KNOWN_POOLS}
     instances = []
     seen_addresses = {}
+    host_claims = {}
     for host in sorted(hosts, key=_natural_key):
         groups = set(hosts[host].get("groups") or [])
         hostvars = hosts[host].get("vars") or {}
@@ -493,7 +538,8 @@ def build_plan(hosts):
         if address in seen_addresses:
             problems.append("duplicate host: %s and %s both point at %s" % (seen_addresses[address], host, address))
         seen_addresses.setdefault(address, host)
-        instances.extend(_plan_host(host, hostvars, groups, counters, problems, frontdoor=host in frontdoors))
+        instances.extend(_plan_host(host, hostvars, groups, counters, problems, frontdoor=host in frontdoors,
+                                    claims_out=host_claims))
 
     by_pool = {pool: [i for i in instances if i["pool"] == pool] for pool in KNOWN_POOLS}
     for pool in KNOWN_POOLS:
@@ -517,6 +563,7 @@ def build_plan(hosts):
                 problems.append("no %s set (pdctl_%s)" % (label, "model_path" if key == "model_path" else "versions.vllm"))
 
     place_on_hardware(instances, hosts, problems)
+    _check_kv_check_ports(hosts, instances, host_claims, problems)
     min_prefill = _min_prefill_instances(hosts, len(by_pool["prefill"]), problems)
     # Hosts given with all their variable names (the CLI, the plan filter): a pdctl_* name nothing reads.
     names = {h: hosts[h]["names"] for h in hosts if "names" in hosts[h]}

@@ -4,7 +4,9 @@ nobody walks up the tree to find the repository (pdctl.collection.root() is the 
 import re
 
 import pytest
+import yaml
 
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import upgrade_decide as ud
 from pdctl import collection
 
 ROOT = collection.root()
@@ -62,21 +64,62 @@ def test_plugins_do_not_import_the_pdctl_package(path):
 # Issue 36, acceptance 4: where pdctl puts its files on a host is written once, in the defaults layer
 # (roles/pdctl_defaults: pdctl_paths); roles, playbooks and modules name it, never the paths themselves.
 PATHS_HOME = ROOT / "roles" / "pdctl_defaults"
-PATH_LITERAL = re.compile(r"/(opt|etc)/pdctl(?![\w.-])")
+PATH_LITERAL = re.compile(r"/(opt|etc|var/lib|run)/pdctl(?![\w.-])")
 PATH_SOURCES = sorted(p for top in ("roles", "playbooks", "plugins") for p in (ROOT / top).rglob("*")
                       if p.is_file() and PATHS_HOME not in p.parents and "__pycache__" not in p.parts)
+# State-directory paths that stay written out, each tied to pdctl_paths.state_dir by
+# test_kept_state_paths_are_the_defaults_layers: the modules' defaults and messages (the playbooks pass the
+# path), the filters' documentation of those defaults, and playbooks/vars, read by plays that do not load
+# roles/pdctl_defaults (the playbooks' restructuring adds it; then these read pdctl_paths.state_dir).
+STATE_LITERAL = re.compile(r"/var/lib/pdctl(?![\w.-])")
+STATE_KEPT = {"plugins/module_utils/upgrade_decide.py", "plugins/module_utils/rollout_state.py",
+              "plugins/filter/upgrade_rolls.yml", "plugins/filter/upgrade_target.yml",
+              "playbooks/vars/upgrade.yml", "playbooks/vars/maintenance.yml"}
+
+
+def _path_literal(path, line):
+    """A pdctl path written out on a line that is not a comment (comments may name them)."""
+    if line.lstrip().startswith("#") or not PATH_LITERAL.search(line):
+        return False
+    if str(path.relative_to(ROOT)) in STATE_KEPT:
+        return bool(PATH_LITERAL.search(STATE_LITERAL.sub("", line)))
+    return True
 
 
 def test_the_path_rule_catches_what_it_names():
-    for line in ("dest: /etc/pdctl/{{ item.name }}.env", "path: /opt/pdctl", 'default="/opt/pdctl/venvs/current/bin/python"'):
+    for line in ("dest: /etc/pdctl/{{ item.name }}.env", "path: /opt/pdctl", 'default="/opt/pdctl/venvs/current/bin/python"',
+                 "WorkingDirectory=/var/lib/pdctl", "src: /run/pdctl/{{ item.name }}.config"):
         assert PATH_LITERAL.search(line), line
-    for line in ('dest: "{{ pdctl_paths.config_dir }}/x.env"', "/etc/pdctl-store.gpg", "/opt/pdctlx"):
+        assert _path_literal(ROOT / "roles/x.yml", line), line
+    for line in ('dest: "{{ pdctl_paths.config_dir }}/x.env"', "/etc/pdctl-store.gpg", "/opt/pdctlx",
+                 "/run/pdctl-lab/sys/module/nvidia", "/var/lib/pdctl-lab/sys"):
         assert not PATH_LITERAL.search(line), line
+    assert not _path_literal(ROOT / "roles/x.yml", "  # records it under /run/pdctl when it starts")
+    # A kept file may write the state directory, and nothing else.
+    kept = ROOT / "playbooks/vars/upgrade.yml"
+    assert not _path_literal(kept, "x: /var/lib/pdctl/rollout.json")
+    assert _path_literal(kept, "x: /run/pdctl/x") and _path_literal(ROOT / "roles/x.yml", "x: /var/lib/pdctl/y")
     assert "pdctl_paths" in (PATHS_HOME / "defaults" / "main" / "main.yml").read_text() and PATH_SOURCES
 
 
 def test_pdctl_paths_are_written_only_in_the_defaults_layer():
     found = ["%s:%d: %s" % (path.relative_to(ROOT), n, line.strip())
              for path in PATH_SOURCES
-             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if PATH_LITERAL.search(line)]
+             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if _path_literal(path, line)]
     assert not found, "write pdctl_paths (roles/pdctl_defaults/defaults/main/) instead of:\n" + "\n".join(found)
+
+
+def test_kept_state_paths_are_the_defaults_layers():
+    state = yaml.safe_load((PATHS_HOME / "defaults" / "main" / "main.yml").read_text())["pdctl_paths"]["state_dir"]
+    journal, turn, rollout = (state + "/" + name for name in ("release-switch.json", "maintenance-turn.json",
+                                                                "rollout.json"))
+    assert (ud.JOURNAL_FILE, ud.TURN_FILE) == (journal, turn)
+    upgrade = yaml.safe_load((ROOT / "playbooks/vars/upgrade.yml").read_text())
+    maintenance = yaml.safe_load((ROOT / "playbooks/vars/maintenance.yml").read_text())
+    assert (upgrade["upgrade_journal_file"], upgrade["upgrade_rollout_file"]) == (journal, rollout)
+    assert maintenance["maintenance_turn_file"] == turn
+    # Every other written-out state path in a kept file is one of these three.
+    for rel in STATE_KEPT:
+        text = (ROOT / rel).read_text()
+        named = set(re.findall(r"/var/lib/pdctl(?![\w.-])[\w./-]*", text))
+        assert named and named <= {journal, turn, rollout}, (rel, named)

@@ -362,3 +362,74 @@ def test_the_plan_filter_refuses_a_misspelled_variable_and_not_the_inventorys_ow
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         task = json.loads(res.stdout)["plays"][0]["tasks"][0]
         assert json.loads(next(iter(task["hosts"].values()))["msg"]) == errors
+
+
+def _kv_check_listeners(plan, host, base, gpus="per_numa"):
+    return [p["port"] for p in topology.kv_check_paths(plan, base, gpus) if p["prefill_host"] == host]
+
+
+def test_kv_path_check_ports_clash_over_the_whole_listener_range():
+    # The KV-path check opens one listener per checked path on a prefill host, from its base port up:
+    # a port inside that range clashes, not only one equal to the base.
+    hosts = _lab_hosts()
+    base = hosts["lab-prefill-0"]["vars"]["pdctl_ports"]["kv_path_check"]
+    ports = _kv_check_listeners(topology.build_plan(hosts), "lab-prefill-0", base)
+    assert len(ports) > 1 and ports == list(range(base, base + len(ports)))
+    _set_ports(hosts, "lab-prefill-0", model_fanout=ports[-1])
+    with pytest.raises(topology.PlanError, match=r"lab-prefill-0: port clash: kv_path_check port range \(%d KV-path "
+                                                 r"check listeners\) %d-%d overlaps model_fanout port %d"
+                                                 % (len(ports), base, ports[-1], ports[-1])):
+        topology.build_plan(hosts)
+    # One port past the range is free.
+    hosts = _lab_hosts()
+    _set_ports(hosts, "lab-prefill-0", model_fanout=ports[-1] + 1)
+    assert topology.build_plan(hosts)["instances"]
+
+
+def test_kv_path_check_range_follows_the_checked_gpus():
+    # gpus: all checks every GPU of each prefill instance: a wider range, so a port that was free clashes.
+    hosts = _lab_hosts()
+    base = hosts["lab-prefill-0"]["vars"]["pdctl_ports"]["kv_path_check"]
+    plan = topology.build_plan(hosts)
+    per_numa, every = (_kv_check_listeners(plan, "lab-prefill-0", base, g) for g in ("per_numa", "all"))
+    assert len(every) > len(per_numa)
+    _set_ports(hosts, "lab-prefill-0", model_fanout=every[-1])
+    assert topology.build_plan(hosts)["instances"]
+    for host in ("lab-prefill-0", "lab-prefill-1"):
+        hosts[host]["vars"]["pdctl_kv_path_check"] = dict(hosts[host]["vars"]["pdctl_kv_path_check"], gpus="all")
+    with pytest.raises(topology.PlanError, match=r"lab-prefill-0: port clash: kv_path_check port range .* "
+                                                 r"overlaps model_fanout port %d" % every[-1]):
+        topology.build_plan(hosts)
+    hosts["lab-prefill-1"]["vars"]["pdctl_kv_path_check"]["gpus"] = "some"
+    with pytest.raises(topology.PlanError, match="lab-prefill-1: pdctl_kv_path_check.gpus must be one of"):
+        topology.build_plan(hosts)
+
+
+def test_kv_path_check_range_clashes_with_instance_and_monitoring_ports():
+    hosts = _lab_hosts()
+    base = hosts["lab-prefill-0"]["vars"]["pdctl_ports"]["kv_path_check"]
+    last = _kv_check_listeners(topology.build_plan(hosts), "lab-prefill-0", base)[-1]
+    # An instance's API port inside the range.
+    _set_ports(hosts, "lab-prefill-0", kv_path_check=hosts["lab-prefill-0"]["vars"]["pdctl_ports"]["api_base"]
+               - (last - base))
+    with pytest.raises(topology.PlanError, match=r"lab-prefill-0: port clash: kv_path_check port range .* "
+                                                 r"overlaps prefill-0 API port"):
+        topology.build_plan(hosts)
+    # The node exporter and the DCGM exporter inside the range.
+    for key, change, label in (("node_exporter_port", {"node_exporter_port": last}, "node exporter port"),
+                               ("dcgm_exporter.port", {"dcgm_exporter": {"enabled": True, "port": last}},
+                                "DCGM exporter port")):
+        hosts = _lab_hosts()
+        hosts["lab-prefill-0"]["vars"]["pdctl_monitoring"] = dict(hosts["lab-prefill-0"]["vars"]["pdctl_monitoring"],
+                                                                  **change)
+        with pytest.raises(topology.PlanError, match=r"lab-prefill-0: port clash: kv_path_check port range .* "
+                                                     r"overlaps %s \(pdctl_monitoring.%s\) %d" % (label, key, last)):
+            topology.build_plan(hosts)
+
+
+def test_kv_path_check_range_counts_only_on_prefill_hosts():
+    # The listeners run on the prefill hosts: on the decode host only the base port is held (as before).
+    hosts = _lab_hosts()
+    base = hosts["lab-decode-0"]["vars"]["pdctl_ports"]["kv_path_check"]
+    _set_ports(hosts, "lab-decode-0", model_fanout=base + 1)
+    assert topology.build_plan(hosts)["instances"]
