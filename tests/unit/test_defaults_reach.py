@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from inventories import ROOT
+from inventories import ROOT, group_var
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import defaults_layer
 
@@ -47,3 +47,18 @@ def test_a_role_reading_the_layer_depends_on_it(role):
     deps = [d if isinstance(d, str) else d.get("role", d.get("name")) for d in meta.get("dependencies") or []]
     read = _reads(text)
     assert not read or LAYER in deps, "role %s reads %s: add %s to meta/main.yml dependencies" % (role.name, read, LAYER)
+
+
+def test_preflight_checks_the_inventory_against_the_layers_spec(tmp_path):
+    """The layer's spec is checked once, by preflight (not at every role start): a wrong type stops the run there."""
+    from test_role_tasks import run_role_tasks
+
+    (tmp_path / "good").mkdir()
+    (tmp_path / "bad").mkdir()
+    # Run alone on localhost: no decode group for the SLA gate's ssh prefix, so that value is given.
+    alone = {"pdctl_gate_sla": dict(group_var("b300", "pdctl_gate_sla"), exec_prefix=["ssh", "decode-0"])}
+    ok, out = run_role_tasks(tmp_path / "good", "preflight", "0015-layer.yml", alone)
+    assert ok, out
+    ok, out = run_role_tasks(tmp_path / "bad", "preflight", "0015-layer.yml",
+                             dict(alone, pdctl_gpu_count="eight"))
+    assert not ok and "pdctl_gpu_count" in out, out
