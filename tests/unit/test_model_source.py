@@ -1,26 +1,22 @@
 """The model the deployment serves: NVIDIA's published NVFP4 checkpoint, sized from the real one."""
 import yaml
 
-from inventories import ROOT
+from inventories import group_var
 from pdctl.lab import synthetic_model
 
 REAL_GB = 459  # nvidia/GLM-5.2-NVFP4 on disk (about)
 
 
-def _vars(inv, topic):
-    return yaml.safe_load((ROOT / "inventories" / inv / "group_vars/all" / ("%s.yml" % topic)).read_text())
-
-
 def test_production_and_lab_read_nvidias_checkpoint():
-    assert _vars("b300", "model_source")["pdctl_model_source"] == "hf://nvidia/GLM-5.2-NVFP4"
-    assert _vars("lab", "model_source")["pdctl_model_source"] == "hf://nvidia/GLM-5.2-NVFP4"
+    assert group_var("b300", "pdctl_model_source") == "hf://nvidia/GLM-5.2-NVFP4"
+    assert group_var("lab", "pdctl_model_source") == "hf://nvidia/GLM-5.2-NVFP4"
     assert synthetic_model.REPO_ID == "nvidia/GLM-5.2-NVFP4"
 
 
 def test_preflight_disk_check_is_sized_from_the_real_checkpoint():
-    req = _vars("b300", "host_requirements")
-    assert REAL_GB <= req["pdctl_model_size_gb"] < REAL_GB * 1.05
-    need = req["pdctl_model_size_gb"] * (1 + req["pdctl_model_disk_margin_pct"] / 100)
+    size_gb = group_var("b300", "pdctl_model_size_gb")
+    assert REAL_GB <= size_gb < REAL_GB * 1.05
+    need = size_gb * (1 + group_var("b300", "pdctl_model_disk_margin_pct") / 100)
     assert need >= 500  # 459 GB + margin: a 480 GB volume must fail preflight
 
 
@@ -36,8 +32,8 @@ def test_lab_synthetic_checkpoint_is_the_real_one_scaled_down(tmp_path):
 
 def test_production_engine_installs_flashinfer_kernels_matching_vllms_flashinfer():
     """Offline Blackwell hosts: FlashInfer must not download its cubins at first use (issue 13 item 5)."""
-    versions = _vars("b300", "versions")["pdctl_versions"]
+    versions = group_var("b300", "pdctl_versions")
     assert versions["vllm"] == "0.33.0" and versions["flashinfer"] == "0.7.2.post1"  # what vLLM 0.33.0 pins
-    packages = _vars("b300", "engine")["pdctl_engine"]["packages"]
+    packages = group_var("b300", "pdctl_engine")["packages"]
     for name in ("flashinfer-cubin", "flashinfer-jit-cache"):
         assert "%s=={{ pdctl_versions.flashinfer }}" % name in packages
