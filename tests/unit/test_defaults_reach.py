@@ -57,8 +57,8 @@ def test_preflight_checks_the_inventory_against_the_layers_spec(tmp_path):
     (tmp_path / "bad").mkdir()
     # Run alone on localhost: no decode group for the SLA gate's ssh prefix, so that value is given.
     alone = {"pdctl_gate_sla": dict(group_var("b300", "pdctl_gate_sla"), exec_prefix=["ssh", "decode-0"])}
-    ok, out = run_role_tasks(tmp_path / "good", "preflight", "0015-layer.yml", alone)
+    ok, out = run_role_tasks(tmp_path / "good", "preflight", "0022-layer.yml", alone)
     assert ok, out
-    ok, out = run_role_tasks(tmp_path / "bad", "preflight", "0015-layer.yml",
+    ok, out = run_role_tasks(tmp_path / "bad", "preflight", "0022-layer.yml",
                              dict(alone, pdctl_gpu_count="eight"))
     assert not ok and "pdctl_gpu_count" in out, out
