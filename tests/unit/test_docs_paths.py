@@ -99,7 +99,8 @@ def test_the_check_sees_moved_files_and_skips_placeholders():
     assert missing_paths("group_vars/{prefill,decode}/topology.yml") == [
         "group_vars/{prefill,decode}/topology.yml (group prefill)",
         "group_vars/{prefill,decode}/topology.yml (group decode)"]
-    assert missing_paths("roles/pdctl_defaults/defaults/main/nope.yml") == ["roles/pdctl_defaults/defaults/main/nope.yml"]
+    assert missing_paths("roles/pdctl_defaults/defaults/main/nope.yml") == [
+        "roles/pdctl_defaults/defaults/main/nope.yml"]
     assert missing_paths(
         "roles/pdctl_defaults/defaults/main/serving.yml, inventories/<site>/group_vars/all/serving.yml, "
         "inventories/b300/group_vars/all/vault.yml, group_vars/all/frontdoor_vip.yml, "
