@@ -242,8 +242,8 @@ def verdict_of(kind, run, rollout_gated, rollout_target_now, passed, gates_verdi
     """verdict() on a run's standing (standing()): its result, with "run", the standing from here."""
     out = verdict(kind, run["rolling_back"], run["journal"], run["reason"], run["target_release"], rollout_gated,
                   run["rollout_rollback"], run["rollout"], rollout_target_now, passed, gates_verdict, check_mode)
-    out["run"] = dict(run, **{key: out[key] for key in ("rolling_back", "reason", "target_release",
-                                                         "rollout_rollback", "rollout")})
+    moved = ("rolling_back", "reason", "target_release", "rollout_rollback", "rollout")
+    out["run"] = dict(run, **{key: out[key] for key in moved})
     return out
 
 

@@ -505,8 +505,8 @@ def test_the_verdict_moves_the_runs_standing_on():
     kept = ud.verdict_of("release", run, False, "cfg-new", True, "", False)
     assert not kept["rollback_now"] and kept["run"] == run
     failed = ud.verdict_of("release", run, False, "cfg-new", False, GATES_FAILED, False)
-    assert failed["rollback_now"] and failed["run"] == dict(run, rolling_back=True, target_release=OLD,
-                                                           reason="the gates failed on %s: %s" % (NEW, GATES_FAILED))
+    moved = dict(run, rolling_back=True, target_release=OLD, reason="the gates failed on %s: %s" % (NEW, GATES_FAILED))
+    assert failed["rollback_now"] and failed["run"] == moved
     # The same as verdict() on the fields it names.
     assert {k: v for k, v in failed.items() if k != "run"} == ud.verdict(
         "release", False, switching(), "", NEW, False, False, ROLLOUT, "cfg-new", False, GATES_FAILED, False)
