@@ -25,7 +25,7 @@ Scenarios:
   decode-flag
            a flag of the decode instance changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml stops the
            last prefill instance and starts a temporary decode on its GPUs, the routers pair the other three with
-           it, the decode restarts on its new unit, then everything goes back (upgrade_decode.yml); a second run
+           it, the decode restarts on its new unit, then everything goes back (roles/upgrade decode); a second run
            (nothing to do) and a third that restores the inventory's flag, under the same load.
   decode-flag-interrupted
            decode-flag, with the playbook killed (SIGKILL to its process group) three times, each in a run that
