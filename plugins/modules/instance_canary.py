@@ -14,7 +14,7 @@ description:
     (C(finish_reason) C(length) or C(stop)), not empty, and the same as I(expect) when given (the answer the same
     request got on the instance's previous configuration).
   - Fails when C(/health) or the canary never answers 200 in time. A wrong answer does not fail the module - it
-    returns O(ok=false) and O(msg), so that the caller stops the instance before it fails the play.
+    returns RV(ok=false) and RV(msg), so that the caller stops the instance before it fails the play.
   - Call it straight to the instance (on its host), before any router sends it traffic.
 options:
   url:
@@ -50,7 +50,7 @@ extends_documentation_fragment:
   - pdctl.vllm_pd.attributes
 attributes:
   check_mode:
-    details: Sends nothing; returns O(ok=true).
+    details: Sends nothing; returns RV(ok=true).
 """
 
 EXAMPLES = r"""
@@ -80,7 +80,7 @@ finish_reason:
   type: str
   sample: length
 msg:
-  description: Why the answer is refused; empty when O(ok).
+  description: Why the answer is refused; empty when RV(ok).
   returned: always
   type: str
   sample: ""
