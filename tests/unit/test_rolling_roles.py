@@ -100,3 +100,20 @@ def test_the_journal_step_writes_the_record_and_keeps_it_in_the_runs_standing(tm
 def test_the_journal_step_takes_only_a_known_state(tmp_path):
     ok, out = _run(tmp_path, "upgrade", "journal", {"upgrade_journal_state": "half-done"})
     assert not ok and "upgrade_journal_state must be one of" in out
+
+
+def test_the_read_step_reads_only_the_records_named(tmp_path):
+    rollout = {"state": "accepted", "target": "cfg", "previous": None}
+    (tmp_path / "rollout.json").write_text(json.dumps(rollout))
+    (tmp_path / "turn.json").write_text(json.dumps({"host": "localhost", "lender": "prefill-3"}))
+    after = [{"name": "what was read", "ansible.builtin.copy": {
+        "content": "{{ {'own': upgrade_rollout_own, 'journal': upgrade_journal_read.content is defined,"
+                   " 'turn': upgrade_turn_record.content is defined} | to_json }}",
+        "dest": str(tmp_path / "read.json"), "mode": "0644"}}]
+    ok, out = _run(tmp_path, "upgrade", "read", {"upgrade_read": ["journal", "rollout"], "ansible_become": False,
+                                                 "upgrade_journal_file": str(tmp_path / "none.json"),
+                                                 "upgrade_rollout_file": str(tmp_path / "rollout.json"),
+                                                 "maintenance_turn_file": str(tmp_path / "turn.json")}, after)
+    assert ok, out
+    # No switch recorded here: nothing read, no failure; the turn is not asked for.
+    assert json.loads((tmp_path / "read.json").read_text()) == {"own": rollout, "journal": False, "turn": False}
