@@ -25,7 +25,7 @@ Scenarios:
   decode-flag
            a flag of the decode instance changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml stops the
            last prefill instance and starts a temporary decode on its GPUs, the routers pair the other three with
-           it, the decode restarts on its new unit, then everything goes back (upgrade_decode.yml); a second run
+           it, the decode restarts on its new unit, then everything goes back (roles/upgrade decode); a second run
            (nothing to do) and a third that restores the inventory's flag, under the same load.
   decode-flag-interrupted
            decode-flag, with the playbook killed (SIGKILL to its process group) three times, each in a run that
@@ -128,9 +128,11 @@ SCENARIOS = (["flag", "flag-interrupted", "flag-bad-sla", "decode-flag", "decode
 # decode-flag-interrupted: where each run is killed (a task header of that run's output, then seconds). A resumed
 # run goes through the temporary decode's steps again (each a no-op where done), so each point is in the next
 # phase: the way in, the decode's restart, the way out.
+# A task of a role prints as "TASK [pdctl.vllm_pd.<role> : <name>]": ROLE_PREFIX takes it or none.
+ROLE_PREFIX = r"(?:[\w.]+ : )?"
 DECODE_KILLS = [("while the temporary decode starts", [r"^TASK \[.*The temporary decode runs\]"], 0.3),
-                ("while the decode restarts", [r"^TASK \[Instance runs its unit: decode-0\]"], 0.3),
-                ("while the lender starts again", [r"^TASK \[Instance runs its unit: prefill-3\]"], 0.3)]
+                ("while the decode restarts", [r"^TASK \[%sInstance runs its unit: decode-0\]" % ROLE_PREFIX], 0.3),
+                ("while the lender starts again", [r"^TASK \[%sInstance runs its unit: prefill-3\]" % ROLE_PREFIX], 0.3)]
 # flag-bad-sla: the prefill instances' engine profile, with prefill 200x slower than the lab's.
 SLOW_PREFILL_PROFILE = "/etc/pdctl/engine/profile-slow-prefill.yml"
 # The host whose GPUs come back from the new driver with a link down (driver-link-down).
@@ -141,9 +143,10 @@ LAB_HOSTS = ["lab-prefill-0", "lab-prefill-1", "lab-decode-0"]
 KILL_POINTS = {
     # (a task every run prints: with display_skipped_hosts false a skipped task prints no line)
     "staging": ("during staging", ([r"^TASK \[.*Read the lock the release venv was installed from"], 1)),
-    "switch": ("during the switch", ([r"^TASK \[The router pairs only the new release"], 3)),
+    "switch": ("during the switch", ([r"^TASK \[%sThe router pairs only the new release" % ROLE_PREFIX], 3)),
     "late": ("late in the switch", ([r"^TASK \[.*The temporary decode is stopped"], 0.5)),
-    "rollback": ("during the rollback", ([r"^TASK \[Release switch record: rolling-back\]", r"^TASK \[The router pairs only"], 3)),
+    "rollback": ("during the rollback", ([r"^TASK \[%sRelease switch record: rolling-back\]" % ROLE_PREFIX,
+                                          r"^TASK \[%sThe router pairs only" % ROLE_PREFIX], 3)),
 }
 # The inventory every run uses: the lab's, or with --ready-after its slow-start copy (main sets it).
 SERVING_INVENTORY = INVENTORY
@@ -267,6 +270,8 @@ def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=
 # killed_in is the last task the run printed before it was killed (None: not killed).
 # vip_moves: when the run began to move the front door's virtual address away from a host (monotonic), each time.
 Run = collections.namedtuple("Run", "rc took changed tail rollback_s stdout killed_in vip_moves")
+KEEPALIVED_STOP = re.compile(r"^TASK \[%sKeepalived stops here" % ROLE_PREFIX)
+ROLLBACK_RECORDED = re.compile(r"^TASK \[%s(?:Release switch|Prefill change) record: rolling-back\]" % ROLE_PREFIX)
 
 
 def _read_lines(stream, lines, marks):
@@ -275,12 +280,10 @@ def _read_lines(stream, lines, marks):
         # The rollback starts where it is recorded, or, resumed, where the run says it rolls back.
         # A front-door host's keepalived stops (changed: it ran; a host that is no front door skips the task).
         if line.startswith("TASK ["):
-            marks["keepalived_stop"] = time.monotonic() if line.startswith("TASK [Keepalived stops here") else None
+            marks["keepalived_stop"] = time.monotonic() if KEEPALIVED_STOP.match(line) else None
         elif line.startswith("changed:") and marks.get("keepalived_stop"):
             marks.setdefault("vip_moves", []).append(marks.pop("keepalived_stop"))
-        if "rollback" not in marks and (line.startswith("TASK [Release switch record: rolling-back]")
-                                        or line.startswith("TASK [Prefill change record: rolling-back]")
-                                        or "rolling back: the two-pool switch" in line):
+        if "rollback" not in marks and (ROLLBACK_RECORDED.match(line) or "rolling back: the two-pool switch" in line):
             marks["rollback"] = time.monotonic()
     marks["end"] = time.monotonic()
 

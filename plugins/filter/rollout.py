@@ -88,26 +88,34 @@ def upgrade_rolls(plan, hostvars, serving, journal, target_release, rolling_back
                     target_release, bool(rolling_back), journal_file, turn_file)
 
 
-def upgrade_verdict(kind, rolling_back, journal, reason, target_release, rollout_gated, rollout_rollback, rollout,
-                    rollout_target_now, passed, gates_verdict="", check_mode=False):
-    """Whether the release switch, or the prefill change, goes back after the gates' verdict
-    (upgrade_decide.verdict)."""
-    return ud.verdict(kind, bool(rolling_back), dict(journal or {}), reason, target_release, bool(rollout_gated),
-                      bool(rollout_rollback), dict(rollout or {}), rollout_target_now, bool(passed), gates_verdict,
-                      bool(check_mode))
+def upgrade_run(aim, rollout, rollout_action=None):
+    """Where a run of upgrade.yml stands, one object its later plays read (upgrade_decide.standing)."""
+    return ud.standing(dict(aim), dict(rollout or {}), rollout_action)
 
 
-def upgrade_outcome(kind, rolling_back, journal, reason, target_release, rollout_gated, rollout_rollback, rollout,
-                    rollout_target_now, rollout_requested, pending, passed, gates_verdict="", check_mode=False):
-    """How a run of upgrade.yml ends: the records' last state, its verdict and last line (upgrade_decide.outcome)."""
-    return ud.outcome(kind, bool(rolling_back), dict(journal or {}), reason, target_release, bool(rollout_gated),
-                      bool(rollout_rollback), dict(rollout or {}), rollout_target_now, bool(rollout_requested),
-                      list(pending or ()), bool(passed), gates_verdict, bool(check_mode))
+def _run(run):
+    run = dict(run)
+    return dict(run, journal=dict(run.get("journal") or {}), rollout=dict(run.get("rollout") or {}),
+                rolling_back=bool(run.get("rolling_back")), rollout_rollback=bool(run.get("rollout_rollback")),
+                rollout_requested=bool(run.get("rollout_requested")))
+
+
+def upgrade_verdict(kind, run, rollout_gated, rollout_target_now, passed, gates_verdict="", check_mode=False):
+    """Whether the release switch, or the prefill change, goes back after the gates' verdict, and where the run
+    stands from there (upgrade_decide.verdict_of)."""
+    return ud.verdict_of(kind, _run(run), bool(rollout_gated), rollout_target_now, bool(passed), gates_verdict,
+                         bool(check_mode))
+
+
+def upgrade_outcome(kind, run, rollout_gated, rollout_target_now, pending, passed, gates_verdict="", check_mode=False):
+    """How a run of upgrade.yml ends: the records' last state, its verdict and last line (upgrade_decide.outcome_of)."""
+    return ud.outcome_of(kind, _run(run), bool(rollout_gated), rollout_target_now, list(pending or ()), bool(passed),
+                         gates_verdict, bool(check_mode))
 
 
 class FilterModule:
     def filters(self):
         return {"rollout_plan": rollout_plan, "rollout_vars": rollout_vars, "rollout_config_id": rollout_config_id,
                 "rollout_current": rs.current, "rollout_decide": rs.decide, "rollout_record": rs.record,
-                "rollout_lender": rollout_lender, "upgrade_target": upgrade_target, "upgrade_rolls": upgrade_rolls,
-                "upgrade_verdict": upgrade_verdict, "upgrade_outcome": upgrade_outcome}
+                "rollout_lender": rollout_lender, "upgrade_target": upgrade_target, "upgrade_run": upgrade_run,
+                "upgrade_rolls": upgrade_rolls, "upgrade_verdict": upgrade_verdict, "upgrade_outcome": upgrade_outcome}

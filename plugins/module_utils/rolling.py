@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import socket
 
 STATES = ("ready", "drain", "maint")
@@ -148,3 +149,22 @@ def in_flight(metrics_text):
     if not totals:
         raise RollingError("no %s on the page: not a vLLM instance's /metrics" % " or ".join(IN_FLIGHT_METRICS))
     return totals
+
+
+def canary_verdict(answer, expect=""):
+    """Whether a started instance's canary answer lets a router send it traffic. answer: the JSON of its
+    /v1/completions reply (a short completion at temperature 0); expect: the answer it gave the same request on its
+    previous configuration ('' when there is none to compare with). Greedy decoding of the same prompt on the same
+    weights gives the same tokens, so a configuration that changes them is caught here.
+
+    Returns {"ok", "text", "finish_reason", "msg": why it is refused ('' when ok)}."""
+    choices = (answer or {}).get("choices") or [{}]
+    first = choices[0] if isinstance(choices[0], dict) else {}
+    text, finish = str(first.get("text") or ""), first.get("finish_reason")
+    ok = finish in ("length", "stop") and bool(text) and expect in ("", text)
+    msg = ""
+    if not ok:
+        msg = "answers the canary %s (finish_reason %s)" % (json.dumps(text), finish or "none")
+        if expect:
+            msg += ", on its previous configuration %s" % json.dumps(expect)
+    return {"ok": ok, "text": text, "finish_reason": finish, "msg": msg}

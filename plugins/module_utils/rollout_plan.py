@@ -129,8 +129,8 @@ class _Steps:
 
 def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
     """A change of instances' flags or environment: prefill instances rolled one at a time behind the standby
-    routers (playbooks/tasks/upgrade_instance.yml), then a decode instance behind a temporary decode
-    (playbooks/tasks/upgrade_decode.yml). pending: the instance names that change (default: every prefill one)."""
+    routers (roles/upgrade/tasks/instance.yml), then a decode instance behind a temporary decode
+    (roles/upgrade/tasks/decode.yml). pending: the instance names that change (default: every prefill one)."""
     s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
     todo = [i for i in s.prefill if pending is None or i["name"] in pending]
@@ -187,7 +187,7 @@ def staging(plan):
 
 
 def release_steps(plan, timing, gated=True, admission=None):
-    """A new engine release: the two-pool switch (playbooks/tasks/upgrade_release.yml), then the gates."""
+    """A new engine release: the two-pool switch (roles/upgrade/tasks/release.yml), then the gates."""
     s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
     host, (first, lent) = staging(plan)[0], staging(plan)[1][:2]

@@ -224,6 +224,36 @@ def _rolled_summary(out, target_release):
     return line
 
 
+def standing(aim, rollout, rollout_action):
+    """Where a run of playbooks/upgrade.yml stands, as the one object its later plays read (upgrade_run) and
+    verdict_of() moves on. aim: target()'s; rollout: the prefill change's record to act on (rollout_state.current());
+    rollout_action: rollout_state.decide()'s action for it at the run's start (rollback: `pdctl rollback --prefill`,
+    or a rollback resumed).
+
+    Returns {"journal", "rolling_back", "reason", "target_release": the release switch's (target()'s),
+    "rollout": the prefill change's record, "rollout_rollback": this run rolls the prefill change back,
+    "rollout_requested": `pdctl rollback --prefill` asked for it}."""
+    return {"journal": dict(aim["journal"]), "rolling_back": bool(aim["rolling_back"]), "reason": aim["reason"],
+            "target_release": aim["target_release"], "rollout": dict(rollout or {}),
+            "rollout_rollback": rollout_action == "rollback", "rollout_requested": bool(aim["requested_prefill"])}
+
+
+def verdict_of(kind, run, rollout_gated, rollout_target_now, passed, gates_verdict, check_mode):
+    """verdict() on a run's standing (standing()): its result, with "run", the standing from here."""
+    out = verdict(kind, run["rolling_back"], run["journal"], run["reason"], run["target_release"], rollout_gated,
+                  run["rollout_rollback"], run["rollout"], rollout_target_now, passed, gates_verdict, check_mode)
+    moved = ("rolling_back", "reason", "target_release", "rollout_rollback", "rollout")
+    out["run"] = dict(run, **{key: out[key] for key in moved})
+    return out
+
+
+def outcome_of(kind, run, rollout_gated, rollout_target_now, pending, passed, gates_verdict, check_mode):
+    """outcome() on a run's standing after its last verdict (verdict_of()'s "run")."""
+    return outcome(kind, run["rolling_back"], run["journal"], run["reason"], run["target_release"], rollout_gated,
+                   run["rollout_rollback"], run["rollout"], rollout_target_now, run["rollout_requested"], pending,
+                   passed, gates_verdict, check_mode)
+
+
 def verdict(kind, rolling_back, journal, reason, target_release, rollout_gated, rollout_rollback, rollout,
             rollout_target_now, passed, gates_verdict, check_mode):
     """What the gates' verdict on one pass means: a new release, or a prefill change, that failed them goes back

@@ -186,24 +186,24 @@ def _instances(*names):
 # (maintenance of the decode host, a decode change), prefill-3;
 # a prefill host's turn, b300-prefill-0's instances; in a failed turn's rescue, the temporary decode running.
 EXPECTED = {
-    ("upgrade_instance.yml", "Front door to the standby routers; the routers drain"): (3, 8),
-    ("upgrade_instance.yml", "Front door back to the routers, standby out"): (4, 8),
-    ("upgrade_release.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (3, 8)],
-    ("upgrade_release.yml", "Front door to the new release (the routers); the old pool behind the standbys drains"): (1, 4),
-    ("upgrade_release.yml", "Front door back to the routers, standby out"): (4, 8),
-    ("maintenance_host.yml", "Out of service - standby routers without this host's instances; the front door to them"):
+    ("upgrade/instance.yml", "Front door to the standby routers; the routers drain"): (3, 8),
+    ("upgrade/instance.yml", "Front door back to the routers, standby out"): (4, 8),
+    ("upgrade/release.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (3, 8)],
+    ("upgrade/release.yml", "Front door to the new release (the routers); the old pool behind the standbys drains"): (1, 4),
+    ("upgrade/release.yml", "Front door back to the routers, standby out"): (4, 8),
+    ("maintenance/out.yml", "Out of service - standby routers without this host's instances; the front door to them"):
         (2, 8),
-    ("maintenance_host.yml",
+    ("maintenance/back.yml",
      "Behind the standby on the plan's membership, before the routers take this host back (it was out already)"): (4, 8),
-    ("temporary_decode_in.yml", "Standby routers without the lender, the front door to them: {{ traffic_lender.name }}"):
+    ("traffic/temporary_decode_in.yml", "Standby routers without the lender, the front door to them: {{ traffic_lender.name }}"):
         (3, 8),
-    ("temporary_decode_in.yml", "Front door to the routers (the temporary decode serves); the standbys drain"): (3, 4),
-    ("temporary_decode_out.yml",
+    ("traffic/temporary_decode_in.yml", "Front door to the routers (the temporary decode serves); the standbys drain"): (3, 4),
+    ("traffic/temporary_decode_out.yml",
      "Standby routers with the decode back, without the lender; the routers (and the temporary decode) drain"): (3, 8),
-    ("upgrade_decode.yml", "The routers on the plan's membership; front door back to them, standby out"): (4, 8),
-    ("maintenance_host.yml", "The routers on the plan's membership; front door back to them, standby out"): (4, 8),
-    ("maintenance_host.yml", "Standby routers with what still serves; the front door to them"): (1, 4),
-    ("maintenance_host.yml", "The routers with what still serves; the front door back to them"): (1, 4),
+    ("upgrade/decode.yml", "The routers on the plan's membership; front door back to them, standby out"): (4, 8),
+    ("maintenance/back.yml", "The routers on the plan's membership; front door back to them, standby out"): (4, 8),
+    ("maintenance/rescue.yml", "Standby routers with what still serves; the front door to them"): (1, 4),
+    ("maintenance/rescue.yml", "The routers with what still serves; the front door back to them"): (1, 4),
     ("upgrade_pass.yml", "Front door back to the routers (a run that was interrupted may have left a standby in rotation)"):
         (4, 8),
     ("maintenance.yml", "Front door back to the routers, standby out"): (4, 8),
@@ -220,13 +220,16 @@ def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
                "maintenance_running": {"results": [{"stdout": "active", "item": {"name": "decode-temporary"}}]}}
     seen = {}
     # Every playbook and task file: a traffic move added anywhere must say what its target serves here too.
-    # The traffic role's own entry points that move the front door (temporary_decode_in / _out) too.
+    # The steps of the rolling playbooks' roles (upgrade, maintenance) and the traffic role's own entry points
+    # that move the front door (temporary_decode_in / _out) too; a role's file is named "<role>/<file>".
     for path in (sorted((ROOT / "playbooks").glob("*.yml")) + sorted((ROOT / "playbooks/tasks").glob("*.yml"))
+                 + sorted((ROOT / "roles/upgrade/tasks").glob("*.yml"))
+                 + sorted((ROOT / "roles/maintenance/tasks").glob("*.yml"))
                  + sorted((ROOT / "roles/traffic/tasks").glob("temporary_decode_*.yml"))):
         doc = yaml.safe_load(path.read_text()) or []
         tasks = [t for play in doc for key in ("pre_tasks", "tasks", "post_tasks") for t in play.get(key) or []] \
             if path.parent.name == "playbooks" else doc
-        name = path.name
+        name = "%s/%s" % (path.parent.parent.name, path.name) if "roles" in path.parts else path.name
         for target, task, scope in _moves(tasks):
             variables = dict(context, **scope)
             if target == "frontdoor_away" or "traffic_check_decode" in scope:

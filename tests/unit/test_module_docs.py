@@ -44,7 +44,7 @@ def test_every_module_supports_check_mode_and_says_so(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name,option", [("accuracy_gate", "hf_token"), ("accuracy_gate", "api_key"),
-                                         ("sla_gate", "api_key"), ("model_sync", "token")])
+                                         ("sla_gate", "api_key"), ("model_sync", "token"), ("instance_canary", "api_key")])
 def test_secrets_are_no_log(name, option, monkeypatch):
     # validate-modules only asks that secret-looking options set no_log at all; False would pass it.
     assert captured_module_kwargs(name, monkeypatch)["argument_spec"][option].get("no_log") is True

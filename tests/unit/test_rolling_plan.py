@@ -72,7 +72,7 @@ def test_decode_change_rolls_behind_a_temporary_decode_on_the_last_prefill_insta
 def test_with_two_routers_a_temporary_decode_restarts_them_in_turn_and_a_prefill_roll_at_once():
     two = dict(plan(), routers=[{"host": "d0"}, {"host": "p0"}])
     steps = rp.prefill_steps(two, TIMING, pending=["prefill-0", "decode-0"])
-    # playbooks/tasks/upgrade_instance.yml changes both routers in one task (4 s once).
+    # roles/upgrade/tasks/instance.yml changes both routers in one task (4 s once).
     assert steps[1]["seconds"] == 4 + 8 + 16
     # traffic role, temporary_decode_in: two membership changes, each router host in turn (2 x 4 s each), front door
     # away (8 + 16), the lender stops, the temporary decode starts, a canary through each router (2 x 128), home.

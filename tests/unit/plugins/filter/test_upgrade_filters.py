@@ -68,7 +68,8 @@ def test_rollout_lender_is_the_last_prefill_instance_by_name():
     assert rf.rollout_lender({"instances": PLAN["instances"][:1]}) is None
 
 
-@pytest.mark.parametrize("name", ["upgrade_target", "upgrade_rolls", "upgrade_verdict", "upgrade_outcome", "rollout_lender"])
+@pytest.mark.parametrize("name", ["upgrade_target", "upgrade_run", "upgrade_rolls", "upgrade_verdict", "upgrade_outcome",
+                                  "rollout_lender"])
 def test_each_documented_filter_matches_its_signature(name):
     with open(os.path.join(FILTERS, name + ".yml")) as fh:
         doc = yaml.safe_load(fh)
@@ -85,3 +86,12 @@ def test_each_documented_filter_matches_its_signature(name):
             assert options[param].get("required"), param
         else:
             assert options[param].get("default") == default, param
+
+
+def test_the_runs_standing_goes_through_the_verdict_and_the_outcome_as_plain_data():
+    aim = rf.upgrade_target([{"state": "switching", "from": "a", "to": "b", "since": "x"}], "b")
+    run = rf.upgrade_run(aim, {}, None)
+    failed = rf.upgrade_verdict("release", run, False, "cfg", False, "SLA: failed")
+    assert failed["rollback_now"] and failed["run"]["rolling_back"] and failed["run"]["target_release"] == "a"
+    ended = rf.upgrade_outcome("release", failed["run"], False, "cfg", [], True, "SLA: passed")
+    assert not ended["ok"] and ended["report"]["verdict"] == "rejected"

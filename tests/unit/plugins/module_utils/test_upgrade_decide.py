@@ -477,3 +477,49 @@ def test_a_rollback_the_gates_asked_for_resumed_in_check_mode_is_still_rejected(
     assert not got["ok"] and got["journal_state"] is None and got["report"]["verdict"] == "rejected"
     assert not got["report"]["rolled_back"]  # nothing changed
     assert got["msg"].startswith("Upgrade rolled back: %s." % reason)
+
+
+# ---------------------------------------------------------------- standing(): the one object the plays read
+
+def test_the_runs_standing_is_what_target_and_the_prefill_decision_say():
+    aim = ud.target([switching()], NEW)
+    run = ud.standing(aim, ROLLOUT, "roll")
+    assert run == {"journal": switching(), "rolling_back": False, "reason": "", "target_release": NEW,
+                   "rollout": ROLLOUT, "rollout_rollback": False, "rollout_requested": False}
+    # pdctl rollback: the release before the switch; pdctl rollback --prefill: the prefill change goes back.
+    back = ud.standing(ud.target([switching(state="accepted")], NEW, rollback=True), {}, None)
+    assert back["rolling_back"] and back["target_release"] == OLD and back["reason"] == ud.REQUESTED
+    prefill = ud.standing(ud.target([], NEW, rollback="prefill"), ROLLOUT, "rollback")
+    assert prefill["rollout_rollback"] and prefill["rollout_requested"] and not prefill["rolling_back"]
+
+
+def test_a_resumed_rollback_stands_where_the_record_says():
+    # KILL_POINTS rollback: the record says rolling-back, its reason is the gates'; the run aims at the old release.
+    reason = "the gates failed on %s: x" % NEW
+    run = ud.standing(ud.target([switching(state="rolling-back", reason=reason)], NEW), {}, None)
+    assert run["rolling_back"] and run["reason"] == reason and run["target_release"] == OLD
+
+
+def test_the_verdict_moves_the_runs_standing_on():
+    run = ud.standing(ud.target([switching()], NEW), ROLLOUT, "roll")
+    kept = ud.verdict_of("release", run, False, "cfg-new", True, "", False)
+    assert not kept["rollback_now"] and kept["run"] == run
+    failed = ud.verdict_of("release", run, False, "cfg-new", False, GATES_FAILED, False)
+    moved = dict(run, rolling_back=True, target_release=OLD, reason="the gates failed on %s: %s" % (NEW, GATES_FAILED))
+    assert failed["rollback_now"] and failed["run"] == moved
+    # The same as verdict() on the fields it names.
+    assert {k: v for k, v in failed.items() if k != "run"} == ud.verdict(
+        "release", False, switching(), "", NEW, False, False, ROLLOUT, "cfg-new", False, GATES_FAILED, False)
+    prefill = ud.verdict_of("compatible", dict(run, journal={}), True, "cfg-new", False, GATES_FAILED, False)
+    assert prefill["rollout_rollback_now"] and prefill["run"]["rollout_rollback"]
+    assert prefill["run"]["rollout"] == dict(ROLLOUT, state="rolling-back", reason="the gates failed: " + GATES_FAILED)
+
+
+def test_the_outcome_reads_the_runs_standing():
+    run = ud.standing(ud.target([switching()], NEW), ROLLOUT, "roll")
+    got = ud.outcome_of("release", run, False, "cfg-new", [], True, "SLA: passed", False)
+    assert got == outcome()
+    back = ud.verdict_of("release", run, False, "cfg-new", False, GATES_FAILED, False)["run"]
+    back["journal"] = dict(back["journal"], state="rolling-back")
+    got = ud.outcome_of("release", back, False, "cfg-new", [], True, "SLA: passed", False)
+    assert not got["ok"] and got["journal_state"] == "rolled-back" and got["report"]["verdict"] == "rejected"

@@ -1,0 +1,1 @@
+../plugins/modules/instance_canary.py
