@@ -12,6 +12,28 @@ class InventoryError(Exception):
     pass
 
 
+def _layer(loader) -> dict:
+    """The defaults layer as a play loads role defaults: through Ansible's loader, its templates trusted (ansible-core
+    2.19 templates only trusted strings: read as plain YAML, `{{ pdctl_versions.flashinfer }}` stayed literal and
+    `pdctl stage` asked the registry for it). Files in name order, a later one winning, as Ansible reads them."""
+    directory = Path(collection.root()) / defaults_layer.DEFAULTS_DIR
+    layer = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith((".yml", ".yaml")):
+            layer.update(loader.load_from_file(str(directory / name), trusted_as_template=True) or {})
+    return layer
+
+
+def _plain(value):
+    """Ansible's tagged containers and strings as plain Python data (what callers dump to YAML or JSON)."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    for kind in (bool, str, int, float):  # bool before int: True is an int
+        if isinstance(value, kind):
+            return kind(value)
+    return value
 
 
 def load(inventory: str | os.PathLike, names=None) -> dict:
@@ -34,17 +56,18 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
     try:
         inv = InventoryManager(loader=loader, sources=[str(path)])
         variables = VariableManager(loader=loader, inventory=inv)
+        layer = _layer(loader)
         hosts = {}
         for host in inv.get_hosts():
             raw = variables.get_vars(host=host, include_hostvars=False)
             # What a play sees: the whole defaults layer (roles/pdctl_defaults) under the inventory, so a wanted
             # value can template from a layer name not wanted itself (_pdctl_flashinfer_cuda in pdctl_stage_wheels).
-            hv = defaults_layer.layered(raw, defaults_layer.names())
+            hv = dict(layer, **raw)
             templar = Templar(loader=loader, variables=hv)
             wanted = {k: v for k, v in hv.items() if k in (names or topology.PLAN_VARS)}
             hosts[host.name] = {
                 "groups": sorted(g.name for g in host.get_groups() if g.name != "all"),
-                "vars": templar.template(wanted),
+                "vars": _plain(templar.template(wanted)),
                 "names": varnames.unread_names(raw),  # the planner refuses a pdctl_* name nothing reads
             }
     except AnsibleError as exc:
