@@ -69,12 +69,10 @@ PATH_SOURCES = sorted(p for top in ("roles", "playbooks", "plugins") for p in (R
                       if p.is_file() and PATHS_HOME not in p.parents and "__pycache__" not in p.parts)
 # State-directory paths that stay written out, each tied to pdctl_paths.state_dir by
 # test_kept_state_paths_are_the_defaults_layers: the modules' defaults and messages (the playbooks pass the
-# path), the filters' documentation of those defaults, and playbooks/vars, read by plays that do not load
-# roles/pdctl_defaults (the playbooks' restructuring adds it; then these read pdctl_paths.state_dir).
+# path: playbooks/vars builds it from pdctl_paths.state_dir) and the filters' documentation of those defaults.
 STATE_LITERAL = re.compile(r"/var/lib/pdctl(?![\w.-])")
 STATE_KEPT = {"plugins/module_utils/upgrade_decide.py", "plugins/module_utils/rollout_state.py",
-              "plugins/filter/upgrade_rolls.yml", "plugins/filter/upgrade_target.yml",
-              "playbooks/vars/upgrade.yml", "playbooks/vars/maintenance.yml"}
+              "plugins/filter/upgrade_rolls.yml", "plugins/filter/upgrade_target.yml"}
 
 
 def _path_literal(path, line):
@@ -95,8 +93,9 @@ def test_the_path_rule_catches_what_it_names():
                  "/run/pdctl-lab/sys/module/nvidia", "/var/lib/pdctl-lab/sys"):
         assert not PATH_LITERAL.search(line), line
     assert not _path_literal(ROOT / "roles/x.yml", "  # records it under /run/pdctl when it starts")
-    # A kept file may write the state directory, and nothing else.
-    kept = ROOT / "playbooks/vars/upgrade.yml"
+    # A kept file may write the state directory, and nothing else; playbooks/vars no longer may.
+    assert _path_literal(ROOT / "playbooks/vars/upgrade.yml", "x: /var/lib/pdctl/rollout.json")
+    kept = ROOT / "plugins/module_utils/upgrade_decide.py"
     assert not _path_literal(kept, "x: /var/lib/pdctl/rollout.json")
     assert _path_literal(kept, "x: /run/pdctl/x") and _path_literal(ROOT / "roles/x.yml", "x: /var/lib/pdctl/y")
     assert "pdctl_paths" in (PATHS_HOME / "defaults" / "main" / "main.yml").read_text() and PATH_SOURCES
@@ -109,15 +108,23 @@ def test_pdctl_paths_are_written_only_in_the_defaults_layer():
     assert not found, "write pdctl_paths (roles/pdctl_defaults/defaults/main/) instead of:\n" + "\n".join(found)
 
 
+def _render(value, names):
+    for name, text in names.items():
+        value = value.replace(name, text)
+    return value
+
+
 def test_kept_state_paths_are_the_defaults_layers():
     state = yaml.safe_load((PATHS_HOME / "defaults" / "main" / "main.yml").read_text())["pdctl_paths"]["state_dir"]
     journal, turn, rollout = (state + "/" + name for name in ("release-switch.json", "maintenance-turn.json",
                                                                 "rollout.json"))
     assert (ud.JOURNAL_FILE, ud.TURN_FILE) == (journal, turn)
+    # What the playbooks pass: the same files, under pdctl_paths.state_dir.
     upgrade = yaml.safe_load((ROOT / "playbooks/vars/upgrade.yml").read_text())
     maintenance = yaml.safe_load((ROOT / "playbooks/vars/maintenance.yml").read_text())
-    assert (upgrade["upgrade_journal_file"], upgrade["upgrade_rollout_file"]) == (journal, rollout)
-    assert maintenance["maintenance_turn_file"] == turn
+    layer = {"{{ pdctl_paths.state_dir }}": state}
+    assert [_render(upgrade[k], layer) for k in ("upgrade_journal_file", "upgrade_rollout_file")] == [journal, rollout]
+    assert _render(maintenance["maintenance_turn_file"], layer) == turn
     # Every other written-out state path in a kept file is one of these three.
     for rel in STATE_KEPT:
         text = (ROOT / rel).read_text()

@@ -31,8 +31,10 @@ def _plays():
 @pytest.mark.parametrize("playbook, play", list(_plays()), ids=lambda v: v if isinstance(v, str) else v.get("name"))
 def test_a_play_reading_the_layer_loads_it(playbook, play):
     roles = [r if isinstance(r, str) else r.get("role", r.get("name")) for r in play.get("roles") or []]
-    # What the play's own keywords, vars and tasks read (a role it includes sees the layer through its meta).
-    read = _reads(yaml.safe_dump({k: v for k, v in play.items() if k != "roles"}))
+    # What the play's own keywords, vars, vars files and tasks read (a role it includes sees the layer through its
+    # meta).
+    files = "".join((ROOT / "playbooks" / f).read_text() for f in play.get("vars_files") or [])
+    read = _reads(yaml.safe_dump({k: v for k, v in play.items() if k != "roles"}) + files)
     assert not read or LAYER in roles, "%s, play %r reads %s: list %s under roles:" % (playbook, play.get("name"), read, LAYER)
 
 

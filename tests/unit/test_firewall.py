@@ -434,3 +434,13 @@ def test_lab_hosts_get_net_admin_and_are_recreated_when_their_options_change(tmp
     labels["io.pdctl.lab.options"] = digest
     assert hosts.up() == 0
     assert not [c for c in calls if c[:2] in (["podman", "rm"], ["podman", "run"])]
+
+
+def test_ssh_stays_open_on_the_port_ansible_reaches_the_host_on(tmp_path):
+    """A host reached on another SSH port (ansible_port) keeps that port open to the admin networks, and 22 closed:
+    a fixed 22 would lock Ansible out of it at the firewall's next apply."""
+    inv = inventory_variant(tmp_path / "inv", {"host_vars/b300-prefill-1": {"ansible_port": 2222}}, base="b300")
+    assert cli.main(["render", "-i", str(inv), "--out", str(tmp_path / "out")]) == 0
+    nft = (tmp_path / "out" / "b300-prefill-1" / "etc" / "nftables.conf").read_text()
+    ssh = [line for line in nft.splitlines() if "dport" in line and ("2222" in line or " 22 " in line)]
+    assert ssh and all("2222" in line for line in ssh), ssh
