@@ -329,8 +329,8 @@ def estimate(scenario):
 
 def flag_vars(tmp, pool="prefill"):
     """Extra vars that change one flag of the pool's instances (--shutdown-timeout 300 -> 240)."""
-    serving = yaml.safe_load((INVENTORY / "group_vars" / "all" / "serving.yml").read_text())
-    args = serving["pdctl_serve_args"]
+    # The inventory's value, else the defaults layer's (where the recipe's flags live).
+    args = next(iter(inventory.load(INVENTORY, names=["pdctl_serve_args"]).values()))["vars"]["pdctl_serve_args"]
     flags = list(args[pool])
     i = flags.index("--shutdown-timeout")
     flags[i + 1] = "240" if flags[i + 1] != "240" else "300"
