@@ -22,14 +22,18 @@ from ansible_collections.pdctl.vllm_pd.plugins.module_utils import varnames
 DEFAULTS_DIR = os.path.join("roles", "pdctl_defaults", "defaults", "main")
 
 
+def files(root=None):
+    """The layer's files in the order Ansible reads them (name order; a later file's value wins)."""
+    directory = os.path.join(root or varnames.collection_root(), DEFAULTS_DIR)
+    return [os.path.join(directory, name) for name in sorted(os.listdir(directory)) if name.endswith((".yml", ".yaml"))]
+
+
 @functools.lru_cache(maxsize=4)
 def _defaults(root):
     layer = {}
-    directory = os.path.join(root, DEFAULTS_DIR)
-    for name in sorted(os.listdir(directory)):
-        if name.endswith((".yml", ".yaml")):
-            with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                layer.update(yaml_load(handle) or {})
+    for path in files(root):
+        with open(path, encoding="utf-8") as handle:
+            layer.update(yaml_load(handle) or {})
     return layer
 
 

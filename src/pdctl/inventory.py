@@ -16,11 +16,9 @@ def _layer(loader) -> dict:
     """The defaults layer as a play loads role defaults: through Ansible's loader, its templates trusted (ansible-core
     2.19 templates only trusted strings: read as plain YAML, `{{ pdctl_versions.flashinfer }}` stayed literal and
     `pdctl stage` asked the registry for it). Files in name order, a later one winning, as Ansible reads them."""
-    directory = Path(collection.root()) / defaults_layer.DEFAULTS_DIR
     layer = {}
-    for name in sorted(os.listdir(directory)):
-        if name.endswith((".yml", ".yaml")):
-            layer.update(loader.load_from_file(str(directory / name), trusted_as_template=True) or {})
+    for path in defaults_layer.files(str(collection.root())):
+        layer.update(loader.load_from_file(path, trusted_as_template=True) or {})
     return layer
 
 
