@@ -1,28 +1,18 @@
 """The collection as a user gets it, for the tests that need it (a pytest fixture, imported by them)."""
-import shutil
-import subprocess
-import sys
-import sysconfig
 import tarfile
-from pathlib import Path
 
 import pytest
 
 from pdctl import collection
+from pdctl.lab import installed as lab_installed
 
 ROOT = collection.root()
-
-
-GALAXY = str(Path(sys.executable).parent / "ansible-galaxy")
 
 
 @pytest.fixture(scope="session")
 def collection_tarball(tmp_path_factory):
     """`ansible-galaxy collection build` of this checkout: the tarball's path."""
-    build = tmp_path_factory.mktemp("build")
-    subprocess.run([GALAXY, "collection", "build", str(ROOT), "--output-path", str(build)],
-                   check=True, capture_output=True, text=True)
-    return next(build.glob("pdctl-vllm_pd-*.tar.gz"))
+    return lab_installed.build(tmp_path_factory.mktemp("build"))
 
 
 # The lab's parts that sit among the collection's own files, left out of the tarball (galaxy.yml build_ignore): its
@@ -45,19 +35,9 @@ def tarball_text(tarball, name) -> str:
 
 @pytest.fixture(scope="session")
 def installed_collection(tmp_path_factory, collection_tarball):
-    """The collection as a user gets it: the built tarball `install`ed into an empty path (--force: this
-    checkout is linked into the venv as the same collection). Its dependencies come from the ansible
-    package's own copies (Galaxy is not reachable here)."""
-    base = tmp_path_factory.mktemp("collection")
-    galaxy = GALAXY
-    tarball = collection_tarball
-    path = base / "collections"
-    subprocess.run([galaxy, "collection", "install", "--no-deps", "--force", "-p", str(path), str(tarball)],
-                   check=True, capture_output=True, text=True)
-    bundled = Path(sysconfig.get_paths()["purelib"]) / "ansible_collections"
-    for dep in ("ansible/posix", "community/general"):
-        (path / "ansible_collections" / dep).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(bundled / dep, path / "ansible_collections" / dep, symlinks=True)
-    installed = path / "ansible_collections" / "pdctl" / "vllm_pd"
-    assert (installed / "plugins" / "modules" / "nvlink_check.py").is_file() and not installed.is_symlink()
+    """The collection as a user gets it (pdctl.lab.installed: the built tarball installed into an empty path,
+    its dependencies from the ansible package's own copies): the collections path."""
+    path = tmp_path_factory.mktemp("collection") / "collections"
+    installed = lab_installed.install(collection_tarball, path)
+    assert (installed / "plugins" / "modules" / "nvlink_check.py").is_file()
     return path

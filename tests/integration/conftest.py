@@ -1,11 +1,13 @@
 """Session fixtures for tests on the three lab hosts."""
 import json
 import os
+import string
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import first_converge
 from collection_build import collection_tarball, installed_collection  # noqa: F401  (fixtures)
@@ -43,25 +45,24 @@ def converged_lab(lab):
     return result
 
 
-EXTERNAL_PLAYBOOK = """\
----
-# A playbook of a user of the installed collection: its playbook, roles and modules by FQCN.
-- name: The deployment, from the installed collection
-  ansible.builtin.import_playbook: pdctl.vllm_pd.site
+# The molecule scenario that deploys from the installed collection with an inventory of hosts and secrets only.
+INSTALLED_SCENARIO = ROOT / "molecule" / "installed"
 
-- name: The collection's roles and modules in a play of our own
-  hosts: serving
-  gather_facts: false
-  roles:
-    - role: pdctl.vllm_pd.preflight
-  tasks:
-    - name: GPU facts through the installed collection's module
-      pdctl.vllm_pd.gpu_facts:
-        host_label: "{{ inventory_hostname }}"
-    - name: Every GPU is seen
-      ansible.builtin.assert:
-        that: ansible_facts.pdctl_gpus_found | int == pdctl_gpu_count | int
-"""
+
+def installed_scenario_args():
+    """The scenario's inventory and extra-vars arguments (its molecule.yml, molecule's variables filled in), as
+    `pdctl run` takes them: (inventory, ["-e", VALUE, ...])."""
+    doc = yaml.safe_load((INSTALLED_SCENARIO / "molecule.yml").read_text())
+    where = {"MOLECULE_SCENARIO_DIRECTORY": str(INSTALLED_SCENARIO), "MOLECULE_PROJECT_DIRECTORY": str(ROOT)}
+    inventory, extra = None, []
+    for arg in doc["ansible"]["executor"]["args"]["ansible_playbook"]:
+        option, _, value = string.Template(arg).substitute(where).partition("=")
+        if option == "--inventory":
+            inventory = Path(value)
+        else:
+            assert option == "--extra-vars", "molecule/installed/molecule.yml: %s is not read here" % arg
+            extra += ["-e", value]
+    return inventory, extra
 
 
 class RunOutcome:
@@ -113,18 +114,18 @@ def pdctl_run(tmp_path, playbook, inventory, *extra, env=None):
 def runs_on_the_converged_lab(converged_lab, lab, installed_collection, tmp_path_factory):
     """The two runs that must find nothing to do on the converged lab, at the same time (each waits on
     its hosts about half its time; one after the other they took 100 s of the lab phase's 20 min):
-      - site.yml again, with --diff, from the installed collection through `pdctl run` and a playbook
-        outside the repository (its artifacts are searched for secrets);
+      - site.yml again, with --diff, from the installed collection through `pdctl run`: the converge of
+        molecule/installed (a playbook outside the collection; an inventory of hosts and secrets only, the
+        bench's differences as extra vars), its artifacts searched for secrets;
       - site.yml --check --diff.
     Neither may change anything, so neither can disturb the other: a run that changes something fails
     its own test, whichever order they took."""
     work = tmp_path_factory.mktemp("second-run")
-    playbook = work / "deploy.yml"
-    playbook.write_text(EXTERNAL_PLAYBOOK)
     # Only the installed copy is visible: not this checkout's link in the virtualenv.
     env = {"ANSIBLE_COLLECTIONS_PATH": str(installed_collection), "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false"}
-    second = pdctl_run_start(work, playbook, lab, "--diff", "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"),
-                             env=env)
+    inventory, extra = installed_scenario_args()
+    second = pdctl_run_start(work, INSTALLED_SCENARIO / "converge.yml", inventory, "--diff", *extra,
+                             "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"), env=env)
     check = runner.run_playbook("site.yml", lab, check=True, diff=True, envvars=LAB_ENV)
     return second(), check
 
