@@ -1,7 +1,8 @@
 """`pdctl stage -i INVENTORY [--check]`: every artifact a host installs, from its pinned upstream into the store.
 
 Runs on the controller, the one machine that may reach the upstreams; the hosts read only the store
-(docs/airgap.md). The inventory names each upstream and pins each artifact (group_vars/all):
+(docs/airgap.md). The inventory, over the collection's defaults layer (roles/pdctl_defaults), names each
+upstream and pins each artifact:
 
 - wheels: the engine's and the router's requirements (`pdctl_engine`, `pdctl_versions`) resolve on
   the package registry (`pdctl_stage_sources.pypi`), except those pinned file by file with a sha256 in
@@ -120,7 +121,8 @@ def load(inventory_dir: Path, overrides: dict[str, str], keys: dict[str, str] | 
     hv = json.loads(json.dumps(next(iter(hosts.values()))["vars"]))  # plain data, not Ansible's tagged strings
     missing = [n for n in ("pdctl_versions", "pdctl_engine", "pdctl_stage_sources") if n not in hv]
     if missing:
-        raise StageError("%s does not define %s (group_vars/all)" % (inventory_dir, ", ".join(missing)))
+        raise StageError("%s does not define %s (neither its group_vars/all nor the defaults layer)"
+                         % (inventory_dir, ", ".join(missing)))
     sources = dict(hv["pdctl_stage_sources"])
     for name, url in overrides.items():
         if name not in sources:
