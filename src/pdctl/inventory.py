@@ -34,10 +34,31 @@ def _plain(value):
     return value
 
 
-def load(inventory: str | os.PathLike, names=None) -> dict:
+def _extra_vars(loader, values) -> dict:
+    """`-e` values as ansible-playbook reads them (`@FILE`, JSON or YAML, `k=v ...`), later ones winning."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.splitter import parse_kv
+
+    found = {}
+    for value in values:
+        if value.startswith("@"):
+            data = loader.load_from_file(value[1:], trusted_as_template=True)
+        elif value.lstrip().startswith(("{", "[")):
+            data = loader.load(value)
+        else:
+            data = parse_kv(value)
+        if not isinstance(data, dict):
+            raise AnsibleError("extra vars %r: not a mapping of variables" % value)
+        found.update(data)
+    return found
+
+
+def load(inventory: str | os.PathLike, names=None, extra_vars=()) -> dict:
     """Return {host: {"groups": [...], "vars": {...}}} with the named variables templated.
 
     names: the variables wanted (default: the planner's inputs).
+    extra_vars: `-e` values, over everything else (ansible-playbook's precedence), so a check of the inventory
+    sees what the run will.
 
     Vault-encrypted values are left encrypted (never decrypted here): the planner needs none.
     """
@@ -55,12 +76,13 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
         inv = InventoryManager(loader=loader, sources=[str(path)])
         variables = VariableManager(loader=loader, inventory=inv)
         layer = _layer(loader)
+        extra = _extra_vars(loader, extra_vars)
         hosts = {}
         for host in inv.get_hosts():
             raw = variables.get_vars(host=host, include_hostvars=False)
             # What a play sees: the whole defaults layer (roles/pdctl_defaults) under the inventory, so a wanted
             # value can template from a layer name not wanted itself (_pdctl_flashinfer_cuda in pdctl_stage_wheels).
-            hv = dict(layer, **raw)
+            hv = dict(layer, **raw, **extra)
             templar = Templar(loader=loader, variables=hv)
             wanted = {k: v for k, v in hv.items() if k in (names or topology.PLAN_VARS)}
             hosts[host.name] = {
@@ -75,6 +97,6 @@ def load(inventory: str | os.PathLike, names=None) -> dict:
     return hosts
 
 
-def plan(inventory: str | os.PathLike) -> dict:
-    """Load the inventory and compute the serving plan (raises the planner's PlanError)."""
-    return topology.build_plan(load(inventory))
+def plan(inventory: str | os.PathLike, extra_vars=()) -> dict:
+    """Load the inventory (with any `-e` values) and compute the serving plan (raises the planner's PlanError)."""
+    return topology.build_plan(load(inventory, extra_vars=extra_vars))

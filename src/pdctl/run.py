@@ -222,9 +222,10 @@ def junit(result: runner.PlaybookResult, playbook: str) -> ET.ElementTree:
 
 
 def _cmd_run(args) -> int:
-    # Reject a malformed inventory before anything starts (preflight would stop it too, later).
+    # Reject a malformed inventory before anything starts (preflight would stop it too, later); with the run's
+    # extra vars, as the run will see it (a site may pass its front door's address with -e).
     try:
-        inventory.plan(args.inventory)
+        inventory.plan(args.inventory, extra_vars=args.extra_vars)
     except (inventory.InventoryError, topology.PlanError) as exc:
         problems = getattr(exc, "problems", [str(exc)])
         print("pdctl run: %s is invalid:" % args.inventory, file=sys.stderr)
@@ -271,8 +272,8 @@ def _print_plan(args) -> int:
     """--plan KIND: the rollout's steps for the inventory's plan, as if every instance (or host) had the change,
     estimated with its timing model (pdctl_rollout_timing), with what the front door admits at each; nothing
     runs."""
-    plan = inventory.plan(args.inventory)
-    found_vars = inventory.load(args.inventory, names=PLAN_PRINT_VARS)
+    plan = inventory.plan(args.inventory, extra_vars=args.extra_vars)
+    found_vars = inventory.load(args.inventory, names=PLAN_PRINT_VARS, extra_vars=args.extra_vars)
     # The front door's limits as its hosts see them (frontdoor_max_queue may be set for them alone).
     timing = found_vars.get(plan["frontdoor"]["hosts"][0], next(iter(found_vars.values())))["vars"]
     kwargs, kind = {}, args.plan

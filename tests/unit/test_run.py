@@ -1,10 +1,13 @@
 """`pdctl run`: exit codes, the JSON summary and the JUnit file, from recorded outcomes (no hosts).
 The lab tests run it for real (tests/integration/test_lab_site.py)."""
 import json
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from inventories import inventory_variant
+import yaml
+
+from inventories import MINIMAL, inventory_variant
 from malformed import CASES
 
 from pdctl import cli, run, runner
@@ -293,3 +296,24 @@ def test_the_plan_and_rollout_plan_reports_are_read_from_set_stats_in_a_real_run
                             "pdctl_rollout_plan": PLAN_LINES}
     assert run.exit_code(res) == 2
     assert run.rollout_plan(res) == PLAN_LINES
+
+
+def test_the_inventory_check_sees_the_runs_extra_vars(tmp_path, monkeypatch):
+    """A value the run gets with -e (here the front doors' address, which a site may keep outside its inventory)
+    counts for the check before the run: without it the inventory is rejected, with it the playbook runs."""
+    ran = []
+    monkeypatch.setattr(runner, "run_playbook", lambda playbook, inventory, **kw: ran.append(kw["extra_args"])
+                        or result(0))
+    hosts = yaml.safe_load((MINIMAL / "hosts.yml").read_text())
+    vip = hosts["all"].pop("vars")
+    inv = tmp_path / "inv"
+    shutil.copytree(MINIMAL, inv)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    (tmp_path / "vip.yml").write_text(yaml.safe_dump(vip))
+    common = ["run", "site.yml", "-i", str(inv), "--json", str(tmp_path / "s.json"), "--artifacts", str(tmp_path / "a")]
+    assert cli.main(common) == 2 and not ran
+    assert "pdctl_frontdoor_vip" in " ".join(json.loads((tmp_path / "s.json").read_text())["problems"])
+    assert cli.main(common + ["-e", "@%s" % (tmp_path / "vip.yml")]) == 0
+    assert ran == [["-e", "@%s" % (tmp_path / "vip.yml")]]
+    # The JSON form too.
+    assert cli.main(common + ["-e", json.dumps(vip)]) == 0
