@@ -1,7 +1,10 @@
 """Playbook-level checks that need no hosts."""
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from inventories import ROOT
 
@@ -50,3 +53,37 @@ def test_the_seed_host_sends_no_token_to_the_stores_hub_mirror():
     # or a site's own Hub over HTTPS) gets it.
     assert _seed_host_token("http://store.example:8780/hub", "http://store.example:8780/") == ""
     assert _seed_host_token("http://10.89.64.1:8781", "http://10.89.64.1:8780") == "hf_SECRET"
+
+
+# Imported only: upgrade.yml runs preflight before importing it.
+IMPORTED_ONLY = {"upgrade_pass.yml"}
+PLAN_STEP = re.compile(r"role: pdctl\.vllm_pd\.preflight\b|name: pdctl\.vllm_pd\.preflight\s+tasks_from: 0020-plan\.yml")
+
+
+def _plays(path):
+    """The plays of a playbook in the order they run, imported playbooks expanded: (file, play)."""
+    for play in yaml.safe_load(path.read_text()):
+        imported = play.get("ansible.builtin.import_playbook")
+        if imported:
+            yield from _plays(path.parent / imported)
+        else:
+            yield path.name, play
+
+
+def test_every_playbook_that_reads_the_plan_computes_it_first():
+    """A play that reads preflight_plan runs after a play that computes it, or computes it itself (preflight's
+    0020-plan.yml when it is not defined). playbooks/gates.yml on its own read it undefined and failed as soon
+    as the gates had to measure (a forced run, or any change since the last accepted verdict)."""
+    problems = []
+    for path in sorted((ROOT / "playbooks").glob("*.yml")):
+        if path.name in IMPORTED_ONLY:
+            continue
+        computed = False
+        for name, play in _plays(path):
+            text = yaml.safe_dump(play, width=1000)
+            computes = bool(PLAN_STEP.search(text))
+            if "preflight_plan" in text and not computed and not computes:
+                problems.append("%s: play %r (%s) reads preflight_plan before any play computes it"
+                                % (path.name, play.get("name"), name))
+            computed = computed or computes
+    assert not problems, "\n".join(problems)
