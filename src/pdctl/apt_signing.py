@@ -117,8 +117,16 @@ def _ensure_key_locked(key_dir: Path, name: str) -> str:
     try:
         fpr = fingerprint(key_dir)
     except SigningError:
-        _gpg(key_dir, "--pinentry-mode", "loopback", "--passphrase", "", "--quick-generate-key",
-             "%s <pdctl-store@invalid>" % name, "ed25519", "sign", "never")
+        try:
+            _gpg(key_dir, "--pinentry-mode", "loopback", "--passphrase", "", "--quick-generate-key",
+                 "%s <pdctl-store@invalid>" % name, "ed25519", "sign", "never")
+        except SigningError as exc:
+            # Seen once with six signers at once on a loaded 2-core machine: the listing above came back empty
+            # while the key existed (the agent the previous session stopped not back yet), and gpg refused to
+            # make it again. The key is there: read it again with a new agent.
+            if "already exists" not in str(exc):
+                raise
+            _stop_agent(key_dir)
         fpr = fingerprint(key_dir)
     asc = _gpg(key_dir, "--armor", "--export", fpr).stdout
     binary = _gpg(key_dir, "--export", fpr).stdout
