@@ -1,7 +1,9 @@
 """The collection as a user gets it, for the tests that need it (a pytest fixture, imported by them)."""
+import string
 import tarfile
 
 import pytest
+import yaml
 
 from pdctl import collection
 from pdctl.lab import installed as lab_installed
@@ -41,3 +43,14 @@ def installed_collection(tmp_path_factory, collection_tarball):
     installed = lab_installed.install(collection_tarball, path)
     assert (installed / "plugins" / "modules" / "nvlink_check.py").is_file()
     return path
+
+
+# The molecule scenario that deploys from the installed collection with an inventory of hosts and secrets only.
+INSTALLED_SCENARIO = ROOT / "molecule" / "installed"
+
+
+def installed_scenario_args() -> list:
+    """The scenario's ansible-playbook arguments (its molecule.yml), molecule's variables filled in."""
+    doc = yaml.safe_load((INSTALLED_SCENARIO / "molecule.yml").read_text())
+    where = {"MOLECULE_SCENARIO_DIRECTORY": str(INSTALLED_SCENARIO), "MOLECULE_PROJECT_DIRECTORY": str(ROOT)}
+    return [string.Template(a).substitute(where) for a in doc["ansible"]["executor"]["args"]["ansible_playbook"]]

@@ -1,15 +1,14 @@
 """Session fixtures for tests on the three lab hosts."""
 import json
 import os
-import string
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 import first_converge
+from collection_build import INSTALLED_SCENARIO, installed_scenario_args
 from collection_build import collection_tarball, installed_collection  # noqa: F401  (fixtures)
 from first_converge import LAB_ENV, LAB_INVENTORY
 from inventories import ROOT
@@ -45,18 +44,11 @@ def converged_lab(lab):
     return result
 
 
-# The molecule scenario that deploys from the installed collection with an inventory of hosts and secrets only.
-INSTALLED_SCENARIO = ROOT / "molecule" / "installed"
-
-
-def installed_scenario_args():
-    """The scenario's inventory and extra-vars arguments (its molecule.yml, molecule's variables filled in), as
-    `pdctl run` takes them: (inventory, ["-e", VALUE, ...])."""
-    doc = yaml.safe_load((INSTALLED_SCENARIO / "molecule.yml").read_text())
-    where = {"MOLECULE_SCENARIO_DIRECTORY": str(INSTALLED_SCENARIO), "MOLECULE_PROJECT_DIRECTORY": str(ROOT)}
+def installed_scenario_run_args():
+    """molecule/installed's inventory and extra-vars arguments as `pdctl run` takes them: (inventory, ["-e", ...])."""
     inventory, extra = None, []
-    for arg in doc["ansible"]["executor"]["args"]["ansible_playbook"]:
-        option, _, value = string.Template(arg).substitute(where).partition("=")
+    for arg in installed_scenario_args():
+        option, _, value = arg.partition("=")
         if option == "--inventory":
             inventory = Path(value)
         else:
@@ -123,7 +115,7 @@ def runs_on_the_converged_lab(converged_lab, lab, installed_collection, tmp_path
     work = tmp_path_factory.mktemp("second-run")
     # Only the installed copy is visible: not this checkout's link in the virtualenv.
     env = {"ANSIBLE_COLLECTIONS_PATH": str(installed_collection), "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false"}
-    inventory, extra = installed_scenario_args()
+    inventory, extra = installed_scenario_run_args()
     second = pdctl_run_start(work, INSTALLED_SCENARIO / "converge.yml", inventory, "--diff", *extra,
                              "-e", "pdctl_artifacts_dir=%s" % (ROOT / "artifacts"), env=env)
     check = runner.run_playbook("site.yml", lab, check=True, diff=True, envvars=LAB_ENV)

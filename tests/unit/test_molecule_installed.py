@@ -3,20 +3,13 @@ only. Its inventory holds the lab's hosts, how to reach them and its secrets; ev
 bench's, passed as extra vars, file by file. These tests keep that split honest: a value the lab adds to its
 inventory must be listed as the bench's (else the scenario's run would differ from the lab's and the lab suite's
 second run would change something); a value that is not a secret may not hide in the scenario's inventory."""
-import string
-
 import yaml
 
+from collection_build import INSTALLED_SCENARIO as SCENARIO
+from collection_build import installed_scenario_args as _args
 from inventories import ROOT
 
-SCENARIO = ROOT / "molecule" / "installed"
 LAB = ROOT / "inventories" / "lab"
-
-
-def _args():
-    doc = yaml.safe_load((SCENARIO / "molecule.yml").read_text())
-    where = {"MOLECULE_SCENARIO_DIRECTORY": str(SCENARIO), "MOLECULE_PROJECT_DIRECTORY": str(ROOT)}
-    return [string.Template(a).substitute(where) for a in doc["ansible"]["executor"]["args"]["ansible_playbook"]]
 
 
 def _names(path):
