@@ -105,7 +105,7 @@ import httpx
 import yaml
 
 from pdctl import collection, inventory
-from pdctl.lab import hardware, slow_start, stage
+from pdctl.lab import hardware, slow_start, stage, strays
 from pdctl.lab.load import FrontdoorCapacity, StreamLoad, vip_holder
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission, rollout_plan
@@ -246,11 +246,16 @@ def run_upgrade(extra_vars, label, kill_after=None, kill_at=None, playbook_args=
                     deadline = now + kill_at[1]
             seen += 1
         if deadline is not None and now >= deadline:
+            below = strays.descendants(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
             killed = [ln for ln in lines if ln.startswith("TASK [")][-1:]
             break
         time.sleep(0.2)
     proc.wait()
+    if killed is not None:
+        ended = strays.end(below)  # what outlived the group (Mitogen's multiplexers), once the run is dead
+        if ended:
+            log("%s: ended %d process(es) the killed run left in sessions of their own" % (label, len(ended)))
     reader.join(10)
     took = time.monotonic() - t0
     stdout = "\n".join(lines)
