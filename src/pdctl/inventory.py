@@ -82,7 +82,9 @@ def load(inventory: str | os.PathLike, names=None, extra_vars=()) -> dict:
             raw = variables.get_vars(host=host, include_hostvars=False)
             # What a play sees: the whole defaults layer (roles/pdctl_defaults) under the inventory, so a wanted
             # value can template from a layer name not wanted itself (_pdctl_flashinfer_cuda in pdctl_stage_wheels).
-            hv = dict(layer, **raw, **extra)
+            # playbook_dir: the collection's playbooks, as a play of them has it, not the working directory (the lab
+            # keeps its records beside them).
+            hv = {**layer, **raw, "playbook_dir": str(collection.root() / "playbooks"), **extra}
             templar = Templar(loader=loader, variables=hv)
             wanted = {k: v for k, v in hv.items() if k in (names or topology.PLAN_VARS)}
             hosts[host.name] = {
@@ -100,3 +102,10 @@ def load(inventory: str | os.PathLike, names=None, extra_vars=()) -> dict:
 def plan(inventory: str | os.PathLike, extra_vars=()) -> dict:
     """Load the inventory (with any `-e` values) and compute the serving plan (raises the planner's PlanError)."""
     return topology.build_plan(load(inventory, extra_vars=extra_vars))
+
+
+def artifacts_dir(inventory: str | os.PathLike, extra_vars=()) -> Path:
+    """Where the playbooks keep this inventory's run records: `pdctl_artifacts_dir` as a play sees it (the layer's
+    default is the inventory's own artifacts/; this repository's inventories name the checkout's)."""
+    hosts = load(inventory, names=["pdctl_artifacts_dir"], extra_vars=extra_vars)
+    return Path(next(iter(hosts.values()))["vars"]["pdctl_artifacts_dir"])

@@ -6,7 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-from pdctl import collection
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import topology
 
 
@@ -34,7 +33,7 @@ def main(args) -> int:
     print("\n== serving mode (each front door's router checks)")
     for line in mode_lines(plan):
         print(line)
-    artifacts = Path(args.artifacts)
+    artifacts = Path(args.artifacts) if args.artifacts else inventory.artifacts_dir(args.inventory)
     for line in _quarantine_lines(artifacts / "quarantine" / "last.json"):
         print(line)
     for line in _maintenance_lines(artifacts / "maintenance" / "last.json"):
@@ -174,5 +173,5 @@ def _gate_lines(kind, data):
 def add_parser(sub):
     p = sub.add_parser("report", help="the rollout report: plan, hosts, latest gate verdicts")
     p.add_argument("-i", "--inventory", required=True)
-    p.add_argument("--artifacts", default=str(collection.root() / "artifacts"))
+    p.add_argument("--artifacts", help="the run records' directory (default: the inventory's pdctl_artifacts_dir)")
     p.set_defaults(func=main)

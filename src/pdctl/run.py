@@ -21,7 +21,7 @@ from pathlib import Path
 from ansible_collections.pdctl.vllm_pd.plugins.filter import rollout as rollout_filter
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission, topology
 
-from pdctl import collection, inventory, runner
+from pdctl import inventory, runner
 
 EXIT_OK, EXIT_OTHER, EXIT_INVALID, EXIT_GATE, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 # roles/preflight reports its verdict on the inventory through set_stats, before it asserts it:
@@ -87,7 +87,7 @@ def _common_args(p):
                    help="extra variables, as for ansible-playbook (key=value, JSON or @file); repeatable")
     p.add_argument("--json", type=Path, help="write the JSON summary here")
     p.add_argument("--junit", type=Path, help="write the JUnit XML here")
-    p.add_argument("--artifacts", type=Path, help="ansible-runner's directory (default artifacts/runs/<time>)")
+    p.add_argument("--artifacts", type=Path, help="ansible-runner's directory (default runs/<time> under the inventory's pdctl_artifacts_dir)")
 
 
 def _progress_printer(stream):
@@ -245,7 +245,8 @@ def _cmd_run(args) -> int:
         extra += ["-e", value]
     if args.check or args.diff:
         extra.append("--diff")
-    pdd = args.artifacts or collection.root() / "artifacts" / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    runs = inventory.artifacts_dir(args.inventory, args.extra_vars) / "runs"
+    pdd = args.artifacts or runs / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     pdd.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     result = runner.run_playbook(args.playbook, args.inventory, check=args.check, limit=args.limit, tags=args.tags,
