@@ -45,7 +45,12 @@ def test_every_other_lab_value_is_passed_as_the_benchs_extra_vars():
     assert len(benched) == len(_args()) - 1, "an argument that is not the inventory nor a bench file: %s" % _args()
     lab_files = {str(p) for p in (LAB / "group_vars" / "all").glob("*.yml")}
     in_inventory = {str(LAB / "group_vars" / "all" / n) for n in ("connection.yml", "vault.yml")}
-    assert sorted(benched) == sorted(lab_files - in_inventory)
+    # Where this checkout keeps the lab's run records: neither the bench's nor the site's; the scenario keeps the
+    # collection's default (beside its inventory, never inside the installed collection).
+    checkout = LAB / "group_vars" / "all" / "artifacts.yml"
+    assert _names(checkout) == {"pdctl_artifacts_dir"}
+    assert sorted(benched) == sorted(lab_files - in_inventory - {str(checkout)})
+    assert not any("pdctl_artifacts_dir" in (yaml.safe_load(open(f)) or {}) for f in benched)
     # The scenario's inventory is the lab's own files (links), so the two cannot drift apart.
     for name in ("hosts.yml", "group_vars/all/connection.yml", "group_vars/all/vault.yml"):
         assert (SCENARIO / "inventory" / name).resolve() == (LAB / name).resolve()
