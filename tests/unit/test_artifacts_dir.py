@@ -5,27 +5,20 @@ directory may be read-only, and an upgrade replaces it); this repository's two
 inventories keep them in its top-level artifacts/, where the tests and the benchmarks read them. `pdctl report` and
 `pdctl run` find them where the playbooks write them. Run for real: ansible-playbook with the defaults layer."""
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from inventories import MINIMAL, ROOT, inventory_variant
+from layer_play import run_play
 
 from pdctl import cli, inventory, runner
 
-PLAY = """\
-- hosts: all
-  gather_facts: false
-  roles: [pdctl.vllm_pd.pdctl_defaults]
-  tasks:
+TASKS = """\
     - ansible.builtin.debug:
         var: pdctl_artifacts_dir
       run_once: true
-%s
 """
 # What a gate run leaves in the records: a JSON report and a binary file.
 RECORDS_DIR = """\
@@ -48,12 +41,10 @@ RECORD = """\
 
 def _run(tmp_path, inventory, writes=()) -> dict:
     """{host: pdctl_artifacts_dir} of a run on the inventory (the hosts it read), writing the records given."""
-    (tmp_path / "play.yml").write_text(PLAY % "".join([RECORDS_DIR] * bool(writes) + [RECORD % w for w in writes]))
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
-    res = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
-                          str(tmp_path / "play.yml")], cwd=ROOT, capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    return {h: r["pdctl_artifacts_dir"] for h, r in json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"].items()}
+    tasks = TASKS + "".join([RECORDS_DIR] * bool(writes) + [RECORD % w for w in writes])
+    out = run_play(tmp_path, inventory, tasks,
+                   env={"ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1"})
+    return {h: r["pdctl_artifacts_dir"] for h, r in json.loads(out)["plays"][0]["tasks"][0]["hosts"].items()}
 
 
 def _artifacts_dir(tmp_path, inventory) -> str:

@@ -3,21 +3,15 @@ defaults layer's values (the recipe's flags) must be made facts first (playbooks
 or a prefill change records none and its rollback restores none. Run for real: ansible-playbook on localhost with
 the defaults layer, as upgrade.yml's plays have it."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import yaml
 
 from inventories import ROOT
+from layer_play import run_play
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_state
 
-PLAY = """\
-- hosts: serving
-  gather_facts: false
-  roles: [pdctl.vllm_pd.pdctl_defaults]
-  tasks:
+TASKS = """\
 %s
     - ansible.builtin.copy:
         content: "{{ hostvars | pdctl.vllm_pd.rollout_vars(inventory_hostname) | to_json }}"
@@ -29,10 +23,8 @@ PIN = """    - ansible.builtin.include_tasks: %s/playbooks/tasks/upgrade_rollout
 def _seen(tmp_path, pin):
     (tmp_path / "hosts.ini").write_text("[serving]\nlocalhost ansible_connection=local\n")
     out = tmp_path / "seen.json"
-    (tmp_path / "play.yml").write_text(PLAY % (PIN if pin else "    - ansible.builtin.meta: noop", out))
-    res = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"),
-                          str(tmp_path / "play.yml")], cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    run_play(tmp_path, tmp_path / "hosts.ini", TASKS % (PIN if pin else "    - ansible.builtin.meta: noop", out),
+             hosts="serving")
     return json.loads(out.read_text())
 
 
