@@ -32,8 +32,9 @@ Scenarios:
            resumes the one before from the decode host's turn record: while the temporary decode starts, while
            the decode restarts on its new unit, while the lender starts again; the fourth run completes.
   flag     a flag of the prefill pool changes (--shutdown-timeout 300 -> 240): playbooks/upgrade.yml rolls
-           the four prefill instances one at a time; then a second run (nothing to do) and a third that
-           restores the inventory's flag, under the same load.
+           the four prefill instances in batches (pdctl_rollout_prefill_keep, or --prefill-keep: 0.5 two at a
+           time, 1 one at a time; the capacity floor follows it); then a second run (nothing to do) and a third
+           that restores the inventory's flag, under the same load.
   release  the stand-in release B as the target (pdctl_lab_engine_release, vllm_version lab-0.2.0): the
            two-pool switch, then a second run (nothing to do), then back to the inventory's release A (the
            same switch), all under the same load. cross_release_pairs counts the decode's refused pulls,
@@ -150,6 +151,9 @@ KILL_POINTS = {
 }
 # The inventory every run uses: the lab's, or with --ready-after its slow-start copy (main sets it).
 SERVING_INVENTORY = INVENTORY
+# The share of the prefill instances a prefill change keeps serving (pdctl_rollout_prefill_keep): the inventory's,
+# or --prefill-keep's (main sets it; the flag scenarios pass it to every run).
+PREFILL_KEEP = None
 RELEASES = yaml.safe_load((INVENTORY / "group_vars/all/host_requirements.yml").read_text())["pdctl_lab_engine_releases"]
 
 # The instances' API ports admit the router hosts only (vLLM's POST /invocations generates without a key):
@@ -317,7 +321,7 @@ def estimate(scenario):
             timing.update((yaml.safe_load(path.read_text()) or {}).get("pdctl_rollout_timing") or {})
     plan = inventory.plan(INVENTORY)
     if scenario == "flag":
-        steps = rollout_plan.prefill_steps(plan, timing, gated=True)
+        steps = rollout_plan.prefill_steps(plan, timing, gated=True, keep=PREFILL_KEEP)
     elif scenario == "decode-flag":
         decode = [i["name"] for i in plan["instances"] if i["pool"] == "decode"]
         steps = rollout_plan.prefill_steps(plan, timing, pending=decode, gated=True)
@@ -340,12 +344,13 @@ def flag_vars(tmp, pool="prefill"):
     i = flags.index("--shutdown-timeout")
     flags[i + 1] = "240" if flags[i + 1] != "240" else "300"
     path = Path(tmp) / ("flag-%s.yml" % pool)
-    path.write_text(yaml.safe_dump({"pdctl_serve_args": dict(args, **{pool: flags})}))
+    path.write_text(yaml.safe_dump({"pdctl_serve_args": dict(args, **{pool: flags}),
+                                    "pdctl_rollout_prefill_keep": PREFILL_KEEP}))
     return path
 
 
 def main():
-    global SERVING_INVENTORY
+    global SERVING_INVENTORY, PREFILL_KEEP
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", choices=SCENARIOS, default="flag")
     ap.add_argument("--clients", type=int, default=8)
@@ -355,7 +360,12 @@ def main():
                     help="release-interrupted: where the playbook is killed, of %s" % ", ".join(KILL_POINTS))
     ap.add_argument("--ready-after", type=float, default=0, metavar="S",
                     help="every engine loads for S seconds after each start (production-like: minutes)")
+    ap.add_argument("--prefill-keep", type=float, metavar="SHARE",
+                    help="flag scenarios: pdctl_rollout_prefill_keep for the run (default: the inventory's; 1 rolls "
+                         "one instance at a time)")
     args = ap.parse_args()
+    PREFILL_KEEP = args.prefill_keep if args.prefill_keep is not None else next(iter(inventory.load(
+        INVENTORY, names=["pdctl_rollout_prefill_keep"]).values()))["vars"]["pdctl_rollout_prefill_keep"]
     kills = [k for k in args.kills.split(",") if k]
     if any(k not in KILL_POINTS for k in kills):
         ap.error("--kills: %s is not one of %s" % (args.kills, ", ".join(KILL_POINTS)))
@@ -441,11 +451,14 @@ def measure(args, kills, tmp, result, driver):
         problems.append("%d failed requests (%d at the address's move): %s"
                         % (summary["failed_requests"], excused, summary["errors"]))
     problems += end_state_problems(sampler)
-    # A compatible change keeps N-1 of N prefill instances serving; a release switch serves throughout,
-    # from the new release's first pair (one prefill instance) while the old pool drains.
-    # A host's maintenance takes its two prefill instances out (the decode host's, one: the lender).
+    # A prefill change keeps pdctl_rollout_prefill_keep of the prefill instances serving (a batch out at a time);
+    # a release switch serves throughout, from the new release's first pair (one prefill instance) while the old
+    # pool drains. A host's maintenance takes its two prefill instances out (the decode host's, one: the lender).
     # A decode's change lends one prefill instance's GPUs to the temporary decode.
-    floor = result["prefill_total"] - 1 if "flag" in args.scenario else 2 if driver else 1
+    total = result["prefill_total"]
+    floor = (total - 1 if args.scenario.startswith("decode-flag")
+             else total - rollout_plan.batch_size(total, PREFILL_KEEP) if "flag" in args.scenario else 2 if driver else 1)
+    result.update(prefill_keep=PREFILL_KEEP, prefill_floor=floor)
     if result["min_prefill_capacity"] is None or result["min_prefill_capacity"] < floor:
         problems.append("prefill capacity fell to %s of %d (floor %d)" % (result["min_prefill_capacity"],
                                                                          result["prefill_total"], floor))

@@ -22,18 +22,19 @@ from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_plan 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import rollout_state as rs
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import upgrade_decide as ud
 
-TITLES = {"prefill": "Rollout plan: a change of instances, one at a time (prefill behind the standby routers, the "
+TITLES = {"prefill": "Rollout plan: a change of instances (prefill in batches behind the standby routers, the "
                      "decode behind a temporary decode)",
           "release": "Rollout plan: a new engine release, the two-pool switch",
           "maintenance": "Maintenance plan: one host at a time"}
 
 
-def rollout_plan(plan, kind, timing, pending=None, hosts=None, reload_hosts=(), gated=None, admission=None):
-    """pending: the instances that change (prefill: a decode among them rolls behind a temporary decode); hosts,
+def rollout_plan(plan, kind, timing, pending=None, hosts=None, reload_hosts=(), gated=None, admission=None, keep=1):
+    """pending: the instances that change (prefill: a decode among them rolls behind a temporary decode); keep: the
+    share of the prefill instances that keeps serving while a batch rolls (pdctl_rollout_prefill_keep); hosts,
     reload_hosts: the hosts whose turn comes and those that reload the module (maintenance); gated: whether the
     gates end it (default: as the playbook does); admission: one front door's full limits (admission_share), to
     print what it admits at each step."""
-    kwargs = {"prefill": {"pending": pending, "gated": True if gated is None else bool(gated)},
+    kwargs = {"prefill": {"pending": pending, "gated": True if gated is None else bool(gated), "keep": keep},
               "release": {"gated": True if gated is None else bool(gated)},
               "maintenance": {"hosts": hosts, "reload_hosts": list(reload_hosts or ())}}.get(kind, {})
     if admission is not None:
@@ -81,11 +82,14 @@ def _host_report(hostvars, host):
 
 
 def upgrade_rolls(plan, hostvars, serving, journal, target_release, rolling_back,
-                  journal_file=ud.JOURNAL_FILE, turn_file=ud.TURN_FILE):
+                  journal_file=ud.JOURNAL_FILE, turn_file=ud.TURN_FILE, keep=1):
     """What one pass of upgrade_pass.yml rolls, from what the serving hosts reported (upgrade_decide.rolls)."""
     hosts = {host: _host_report(hostvars, host) for host in serving}
-    return ud.rolls(list(plan["instances"]), list(plan.get("routers") or ()), list(serving), hosts, dict(journal or {}),
-                    target_release, bool(rolling_back), journal_file, turn_file)
+    try:
+        return ud.rolls(list(plan["instances"]), list(plan.get("routers") or ()), list(serving), hosts,
+                        dict(journal or {}), target_release, bool(rolling_back), journal_file, turn_file, keep)
+    except rp.PlanError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def upgrade_run(aim, rollout, rollout_action=None):

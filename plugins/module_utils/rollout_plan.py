@@ -16,6 +16,8 @@ the front door admits while it runs (admission.limits(): admission follows capac
 """
 from __future__ import annotations
 
+import math
+
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import admission as adm
 
 KINDS = ("prefill", "release", "maintenance")
@@ -74,6 +76,34 @@ def check_timing(timing):
     return out
 
 
+def check_keep(keep):
+    """pdctl_rollout_prefill_keep as a float in [0, 1]; PlanError saying what it is otherwise."""
+    try:
+        share = float(keep)
+    except (TypeError, ValueError):
+        raise PlanError("pdctl_rollout_prefill_keep must be a share of the prefill instances between 0 and 1 "
+                        "(0.5: at least half keep serving; 1: one instance at a time), not %r" % (keep,))
+    if not 0 <= share <= 1:
+        raise PlanError("pdctl_rollout_prefill_keep must be between 0 and 1 (0.5: at least half keep serving; "
+                        "1: one instance at a time), not %g" % share)
+    return share
+
+
+def batch_size(total, keep):
+    """How many of `total` prefill instances may be out at once so that at least `keep` of them (a share,
+    rounded up) still serve; at least one moves at a time (keep=1: one at a time)."""
+    return max(1, total - int(math.ceil(check_keep(keep) * total - 1e-9)))
+
+
+def batches(items, total, keep):
+    """items (the instances that change, in the order they roll) in batches of batch_size(total, keep): each
+    batch leaves the routers, restarts and comes back together (roles/upgrade/tasks/batch.yml). The one place a
+    batch's size is decided: the playbook loops over these, the plan prints them."""
+    size = batch_size(total, keep)
+    items = list(items)
+    return [items[k:k + size] for k in range(0, len(items), size)]
+
+
 def _gpus(instances):
     return sum(len(i["gpus"]) for i in instances)
 
@@ -127,10 +157,11 @@ class _Steps:
                 + self.routers_in_turn + self.HOME)
 
 
-def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
-    """A change of instances' flags or environment: prefill instances rolled one at a time behind the standby
-    routers (roles/upgrade/tasks/instance.yml), then a decode instance behind a temporary decode
-    (roles/upgrade/tasks/decode.yml). pending: the instance names that change (default: every prefill one)."""
+def prefill_steps(plan, timing, pending=None, gated=False, admission=None, keep=1):
+    """A change of instances' flags or environment: prefill instances rolled in batches behind the standby
+    routers (roles/upgrade/tasks/batch.yml; batches(): as many at once as `keep`, the share that keeps serving,
+    allows), then a decode instance behind a temporary decode (roles/upgrade/tasks/decode.yml). pending: the
+    instance names that change (default: every prefill one)."""
     s = _Steps(plan, timing, admission)
     n, dgpus = len(s.prefill), _gpus(s.decode)
     todo = [i for i in s.prefill if pending is None or i["name"] in pending]
@@ -138,15 +169,19 @@ def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
     unknown = sorted(set(pending or ()) - {i["name"] for i in s.prefill + s.decode})
     if unknown:
         raise PlanError("not instances of the plan: %s" % ", ".join(unknown))
+    groups = batches(todo, n, keep)
     s.add("preflight, read the hosts, check every argv, write the units (nothing restarts); %d instance(s) "
-          "to roll: %s" % (len(todo) + len(decode), ", ".join(i["name"] for i in todo + decode) or "none"),
+          "to roll: %s" % (len(todo) + len(decode), "; ".join(
+              [", ".join(i["name"] for i in g) for g in groups] + [i["name"] for i in decode]) or "none"),
           ["run_s"], n, dgpus)
-    for inst in todo:
-        s.add("%s out: the standby router without it takes the front door, the routers' streams finish"
-              % inst["name"], ["router_ready_s"] + s.AWAY, n - 1, dgpus)
-        s.add("%s restarts on its new unit: a canary on the old one, stop, load, /health, the same canary" % inst["name"],
-              ["canary_s", "engine_stop_s", "engine_ready_s", "canary_s"], n - 1, dgpus)
-        s.add("%s back: the routers take the front door, the standby drains and leaves" % inst["name"],
+    for group in groups:
+        names, out = ", ".join(i["name"] for i in group), len(group)
+        s.add("%s out: the standby router without %s takes the front door, the routers' streams finish"
+              % (names, "it" if out == 1 else "them"), ["router_ready_s"] + s.AWAY, n - out, dgpus)
+        s.add("%s restart%s on the new unit%s (together): a canary on the old one, stop, load, /health, the same "
+              "canary" % (names, "s" if out == 1 else "", "" if out == 1 else "s"),
+              ["canary_s"] * out + ["engine_stop_s", "engine_ready_s"] + ["canary_s"] * out, n - out, dgpus)
+        s.add("%s back: the routers take the front door, the standby drains and leaves" % names,
               s.HOME, n, dgpus)
     for inst in decode:
         lent = lender(plan)
@@ -160,8 +195,8 @@ def prefill_steps(plan, timing, pending=None, gated=False, admission=None):
               "again; the routers on the plan's membership take the front door back" % (inst["name"], lent["name"]),
               s.temporary_decode_out(), n, dgpus)
     if gated and (todo or decode):
-        s.add("the gates (SLA, accuracy) through the front door; a failure rolls the same instances back, one at a "
-              "time, to the configuration before the change", ["gates_s"], n, dgpus)
+        s.add("the gates (SLA, accuracy) through the front door; a failure rolls the same instances back, in the "
+              "same batches, to the configuration before the change", ["gates_s"], n, dgpus)
     return s.steps
 
 

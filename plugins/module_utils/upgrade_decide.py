@@ -10,7 +10,7 @@ Two decisions, each a pure function of plain data that returns a dict the playbo
   rolled-back, "reason", "since"}) and what was asked (the manifest's release, `pdctl rollback`); a request
   that cannot be met is refused before anything changes.
 - rolls(): what one pass of playbooks/upgrade_pass.yml rolls, once the hosts staged the target and said
-  which instances run another configuration: a compatible change (prefill instances one at a time, a decode
+  which instances run another configuration: a compatible change (prefill instances in batches, a decode
   one behind a temporary decode) or the two-pool switch of a release, and where a killed run resumes it.
 
 A run may be killed anywhere and run again: each decision reads only what the hosts say now (their links,
@@ -93,19 +93,21 @@ def _staging(instances):
 
 
 def rolls(instances, routers, serving, hosts, journal, target_release, rolling_back,
-          journal_file=JOURNAL_FILE, turn_file=TURN_FILE):
+          journal_file=JOURNAL_FILE, turn_file=TURN_FILE, keep=1):
     """What one pass of playbooks/upgrade_pass.yml rolls, and whether it may.
 
     instances, routers: the plan's; serving: the serving hosts, in the inventory's order; hosts: {host:
     {"pending": names of its instances that run another configuration (or are stopped), "release_changes":
     its `current` link names another release, "stopped": names of its instances not running at all, "turn":
     the decode turn record an interrupted run left there or None, "current": where its `current` link points}};
-    journal, target_release, rolling_back: target()'s.
+    journal, target_release, rolling_back: target()'s; keep: the share of the prefill instances that keeps serving
+    while a batch rolls (pdctl_rollout_prefill_keep, rollout_plan.batches).
 
     Returns {"kind": release | compatible, "switch_resumed", "pending": the instances that run another
     configuration (a resumed decode change's lender aside: that change brings it back itself), "release_hosts",
     "turns", "staging_host", "staging", "staging_switched", "old_hosts", "switch_from", "decode_roll",
-    "decode_resumed", "lender", "prefill_roll", "rolled": the names this pass rolls, "host_instances", "host_pending":
+    "decode_resumed", "lender", "prefill_roll", "prefill_batches": prefill_roll in the batches that roll together,
+    "rolled": the names this pass rolls, "host_instances", "host_pending":
     {serving host: its planned instances, those of them that run another configuration}, "switch_to": the vllm
     role's vllm_switch_to, "problem": None or why this playbook must not roll it, "summary": what it rolls, in a
     line, "rolled_summary": what it rolled, the line the pass ends with}."""
@@ -164,6 +166,7 @@ def rolls(instances, routers, serving, hosts, journal, target_release, rolling_b
            # The release the vllm role switches to by name: the one before the switch when rolling back, else its
            # own (the manifest's).
            "switch_to": target_release if rolling_back else ""}
+    out["prefill_batches"] = rp.batches(out["prefill_roll"], len(prefill), keep)
     out["problem"] = _problem(out, prefill, routers, serving, maintenance_turns, journal_file, turn_file)
     out["summary"] = _summary(out, target_release, rolling_back)
     out["rolled_summary"] = _rolled_summary(out, target_release)
@@ -205,8 +208,9 @@ def _summary(out, target_release, rolling_back):
                                             " (resumed)" if out["switch_resumed"] else "", out["staging_host"], first,
                                             second, " (switched already)" if out["staging_switched"] else "",
                                             ", ".join(out["old_hosts"]) or "none"))
-    line = "%d instance(s) to roll one at a time: %s" % (
-        len(out["pending"]), ", ".join(_names(out["pending"])) or "none, nothing to do")
+    line = "%d instance(s) to roll: %s" % (len(out["pending"]), ", ".join(_names(out["pending"])) or "none, nothing to do")
+    if out["prefill_batches"]:
+        line += "; prefill in batches %s" % ", ".join("[%s]" % ", ".join(_names(b)) for b in out["prefill_batches"])
     if out["decode_roll"]:
         line += "; the decode behind a temporary decode on %s's GPUs%s" % (
             out["lender"]["name"], " (resumed)" if out["decode_resumed"] else "")
@@ -217,7 +221,7 @@ def _rolled_summary(out, target_release):
     """What the pass rolled, as the playbook prints it once the instances are back."""
     if out["kind"] == "release":
         return "every instance runs %s; no request was paired across releases" % target_release
-    line = ("%d instance(s) rolled (%s), one at a time: the standby routed to every other instance while one was out"
+    line = ("%d instance(s) rolled (%s), in batches: the standby routed to every other instance while a batch was out"
             % (len(out["rolled"]), ", ".join(out["rolled"]) or "none"))
     if out["decode_roll"]:
         line += ", a temporary decode served while the decode restarted"
@@ -342,7 +346,7 @@ def _done(kind, rolling_back, target_release, rollout_gated, rollout_rollback, r
                 "passed (%s)." % (rollout.get("target"), gates_verdict))
     if kind == "release":
         return "Every instance runs %s; the gates passed (%s). " % (target_release, gates_verdict)
-    return "%d instance(s) rolled one at a time%s." % (
+    return "%d instance(s) rolled in batches%s." % (
         len(pending), ("; the gates passed (%s)" % gates_verdict) if rollout_gated else "")
 
 

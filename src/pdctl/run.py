@@ -43,7 +43,8 @@ UPGRADE_VERDICT_TASK = "Upgrade done, or rolled back"
 ROLLOUT_PLAN_REPORT = "pdctl_rollout_plan"
 ROLLOUT_PLAN_TASK = "Rollout plan"
 # What --plan reads from the inventory: the timing model and the front door's limits (admission.share).
-PLAN_PRINT_VARS = ("pdctl_rollout_timing", "pdctl_frontdoor_max_inflight", "frontdoor_max_queue")
+PLAN_PRINT_VARS = ("pdctl_rollout_timing", "pdctl_rollout_prefill_keep", "pdctl_frontdoor_max_inflight",
+                   "frontdoor_max_queue")
 
 
 def add_parser(sub):
@@ -284,6 +285,8 @@ def _print_plan(args) -> int:
     except (KeyError, admission.AdmissionError) as exc:
         print("pdctl: the front door's limits: %s" % exc, file=sys.stderr)
         return EXIT_INVALID
+    if args.plan in ("prefill", "decode"):
+        kwargs["keep"] = timing.get("pdctl_rollout_prefill_keep", 1)
     if args.plan == "decode":
         kind, kwargs["pending"] = "prefill", [i["name"] for i in plan["instances"] if i["pool"] == "decode"]
     if args.plan == "maintenance":

@@ -18,7 +18,7 @@ from inventories import ROOT, inventory_variant
 from pdctl import runner
 from pdctl.lab import hardware
 from test_quarantine_lab import ROUTER, router_prefills, unit_states
-from test_serving import CA, FRONTDOOR, client_key, on_host
+from test_serving import CA, FRONTDOOR, client_key, main_pids, on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -83,6 +83,23 @@ def new_driver_with_a_link_down(converged_lab, tmp_path, request):
     assert restored.ok, restored.failures
 
 
+def test_a_driver_change_in_check_mode_plans_the_turn_and_changes_nothing(converged_lab, tmp_path):
+    """CI's short version of the next test (benchmarks/upgrade.py --scenario driver-link-down runs it in full,
+    under load, with --scenario driver and kernel for every host's turn): `pdctl maintain --check` of a new
+    driver on HOST prints its turn with the capacity at each step, and nothing changes on the host."""
+    before = main_pids()
+    result = runner.run_playbook(PLAYBOOK, new_driver(tmp_path), envvars=LAB_ENV, limit=HOST, check=True)
+    assert result.ok, result.failures
+    out = " ".join((result.artifact_dir / "stdout").read_text().split())
+    assert "Maintenance plan" in out and "1 host(s) to take in turn: %s" % HOST in out, out[-2000:]
+    assert "[prefill 2/4, decode GPUs 8/8" in out, out[-2000:]
+    assert loaded_module(HOST) == MANIFEST["nvidia_driver"]
+    assert on_host(HOST, "dpkg-query", "-W", "-f", "${Version}", "nvidia-smi") == MANIFEST["nvidia_driver"] + "-1"
+    assert main_pids() == before
+    assert all(s == {"ActiveState": "active", "UnitFileState": "enabled"} for s in unit_states(HOST).values())
+
+
+@pytest.mark.long  # benchmarks/upgrade.py --scenario driver-link-down
 def test_a_host_failing_its_checks_after_the_driver_upgrade_stays_out_until_it_passes(new_driver_with_a_link_down):
     assert loaded_module(HOST) == MANIFEST["nvidia_driver"]
     result = runner.run_playbook(PLAYBOOK, new_driver_with_a_link_down, envvars=LAB_ENV, limit=HOST)

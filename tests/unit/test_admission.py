@@ -181,13 +181,13 @@ def _instances(*names):
     return [i for i in B300["instances"] if i["name"] in names]
 
 
-# What each traffic move's target serves on B300 (prefill instances, decode GPUs), with: the instance rolled,
-# prefill-0; the release switch's staging instances, prefill-0 and prefill-1; the lender of the temporary decode
+# What each traffic move's target serves on B300 (prefill instances, decode GPUs), with: the batch rolled,
+# prefill-0 and prefill-1 (pdctl_rollout_prefill_keep 0.5); the release switch's staging instances, prefill-0 and prefill-1; the lender of the temporary decode
 # (maintenance of the decode host, a decode change), prefill-3;
 # a prefill host's turn, b300-prefill-0's instances; in a failed turn's rescue, the temporary decode running.
 EXPECTED = {
-    ("upgrade/instance.yml", "Front door to the standby routers; the routers drain"): (3, 8),
-    ("upgrade/instance.yml", "Front door back to the routers, standby out"): (4, 8),
+    ("upgrade/batch.yml", "Front door to the standby routers; the routers drain"): (2, 8),
+    ("upgrade/batch.yml", "Front door back to the routers, standby out"): (4, 8),
     ("upgrade/release.yml", "Front door to the standby routers; the routers drain"): [(2, 8), (3, 8)],
     ("upgrade/release.yml", "Front door to the new release (the routers); the old pool behind the standbys drains"): (1, 4),
     ("upgrade/release.yml", "Front door back to the routers, standby out"): (4, 8),
@@ -211,7 +211,7 @@ EXPECTED = {
 
 
 def test_every_traffic_move_hands_the_front_doors_what_its_target_serves():
-    context = {"preflight_plan": B300, "upgrade_instance": _instances("prefill-0")[0],
+    context = {"preflight_plan": B300, "upgrade_batch": _instances("prefill-0", "prefill-1"),
                "upgrade_decision": {"staging": _instances("prefill-0", "prefill-1")},
                "traffic_lender": _instances("prefill-3")[0],
                "maintenance_turn": {"urls": [i["url"] for i in _instances("prefill-0", "prefill-1")],

@@ -49,6 +49,37 @@ def test_prefill_change_rolls_one_instance_at_a_time_at_n_minus_1():
     assert all(s["prefill_total"] == 4 and s["decode_gpus_total"] == 8 for s in steps)
 
 
+@pytest.mark.parametrize("total, keep, size", [(4, 0.5, 2), (4, 1, 1), (4, 0.75, 1), (4, 0.7, 1), (4, 0, 4),
+                                               (4, 0.25, 3), (80, 0.5, 40), (80, 0.9, 8), (3, 0.5, 1), (1, 0.5, 1)])
+def test_a_batch_keeps_the_share_serving_and_at_least_one_moves(total, keep, size):
+    assert rp.batch_size(total, keep) == size
+    # What stays is never under the share (rounded up), unless a single instance has to move anyway.
+    assert total - size >= min(total - 1, keep * total - 1e-9)
+
+
+def test_batches_split_the_changing_instances_in_order():
+    assert rp.batches("abcde", 4, 0.5) == [["a", "b"], ["c", "d"], ["e"]]
+    assert rp.batches("ab", 4, 1) == [["a"], ["b"]]
+    assert rp.batches([], 4, 0.5) == []
+
+
+@pytest.mark.parametrize("keep", [-0.1, 1.5, "half", None])
+def test_a_bad_keep_share_is_named(keep):
+    with pytest.raises(PlanError, match="pdctl_rollout_prefill_keep must be"):
+        rp.batch_size(4, keep)
+
+
+def test_prefill_change_rolls_half_at_once_and_keeps_half():
+    steps = rp.prefill_steps(plan(), TIMING, keep=0.5)
+    assert len(steps) == 1 + 3 * 2
+    assert capacity(steps) == [(4, 8)] + [(2, 8), (2, 8), (4, 8)] * 2
+    assert steps[1]["what"].startswith("prefill-0, prefill-1 out") and "prefill-0, prefill-1; prefill-2, prefill-3" \
+        in steps[0]["what"]
+    # A batch restarts together: one stop and one load, a canary per instance before and after.
+    per_batch = (4 + 8 + 16) + (2 * 128 + 32 + 64 + 2 * 128) + (8 + 16)
+    assert rp.summary(steps)["seconds"] == 1 + 2 * per_batch
+
+
 def test_prefill_change_only_for_the_pending_instances_and_gated():
     steps = rp.prefill_steps(plan(), TIMING, pending=["prefill-2"], gated=True)
     assert [s["what"].split(" ")[0] for s in steps[1:4]] == ["prefill-2"] * 3

@@ -33,11 +33,11 @@ def host(pending=(), release=False, stopped=(), turn=None, current="/opt/pdctl/v
             "current": current}
 
 
-def rolls(hosts, journal=None, target=NEW, rolling_back=False, the_plan=None):
+def rolls(hosts, journal=None, target=NEW, rolling_back=False, the_plan=None, keep=1):
     the_plan = the_plan or plan()
     reports = {h: hosts.get(h) or host() for h in SERVING}
     return ud.rolls(the_plan["instances"], the_plan["routers"], SERVING, reports, journal or {}, target, rolling_back,
-                    JOURNAL, TURN)
+                    JOURNAL, TURN, keep)
 
 
 def names(instances):
@@ -125,21 +125,32 @@ def test_nothing_to_do():
     got = rolls({})
     assert got["problem"] is None and got["kind"] == "compatible"
     assert got["pending"] == [] and got["decode_roll"] == [] and got["rolled"] == []
-    assert got["summary"] == "0 instance(s) to roll one at a time: none, nothing to do"
+    assert got["summary"] == "0 instance(s) to roll: none, nothing to do"
 
 
 def test_a_prefill_flag_change_rolls_those_instances_one_at_a_time():
     got = rolls({"p1": host(pending=["prefill-3", "prefill-2"])})
     assert got["problem"] is None and got["kind"] == "compatible"
     assert names(got["prefill_roll"]) == ["prefill-2", "prefill-3"] and got["decode_roll"] == []
-    assert got["summary"] == "2 instance(s) to roll one at a time: prefill-2, prefill-3"
+    assert got["summary"] == "2 instance(s) to roll: prefill-2, prefill-3; prefill in batches [prefill-2], [prefill-3]"
+
+
+def test_a_prefill_flag_change_rolls_as_many_at_once_as_the_share_kept_allows():
+    every = {"p0": host(pending=["prefill-0", "prefill-1"]), "p1": host(pending=["prefill-3", "prefill-2"])}
+    got = rolls(every, keep=0.5)
+    assert [names(b) for b in got["prefill_batches"]] == [["prefill-0", "prefill-1"], ["prefill-2", "prefill-3"]]
+    assert got["summary"].endswith("prefill in batches [prefill-0, prefill-1], [prefill-2, prefill-3]")
+    # A resumed run batches what is still pending: the rest of an interrupted batch goes on its own.
+    assert [names(b) for b in rolls({"p1": host(pending=["prefill-3"])}, keep=0.5)["prefill_batches"]] == [["prefill-3"]]
+    assert [names(b) for b in rolls(every, keep=0)["prefill_batches"]] == [["prefill-0", "prefill-1", "prefill-2",
+                                                                            "prefill-3"]]
 
 
 def test_a_decode_change_rolls_behind_a_temporary_decode_on_the_last_prefill_instance():
     got = rolls({"d0": host(pending=["decode-0"])})
     assert got["problem"] is None and names(got["decode_roll"]) == ["decode-0"] and not got["decode_resumed"]
     assert got["lender"]["name"] == "prefill-3" == rp.lender(plan())["name"]
-    assert got["summary"] == ("1 instance(s) to roll one at a time: decode-0; the decode behind a temporary decode on "
+    assert got["summary"] == ("1 instance(s) to roll: decode-0; the decode behind a temporary decode on "
                               "prefill-3's GPUs")
 
 
@@ -156,7 +167,7 @@ def test_a_decode_change_killed_midway_resumes_and_leaves_the_lender_to_it(repor
     assert got["problem"] is None and got["decode_resumed"] and names(got["decode_roll"]) == ["decode-0"]
     # The lender is the decode change's to bring back: the prefill roll would start it beside the temporary decode.
     assert names(got["pending"]) == ["decode-0"] and got["prefill_roll"] == []
-    assert got["summary"] == ("1 instance(s) to roll one at a time: decode-0; the decode behind a temporary decode on "
+    assert got["summary"] == ("1 instance(s) to roll: decode-0; the decode behind a temporary decode on "
                               "prefill-3's GPUs (resumed)")
 
 
@@ -165,7 +176,7 @@ def test_a_decode_change_killed_while_the_lender_starts_again_still_finishes_the
                  "p1": host(pending=["prefill-3"])})
     assert got["problem"] is None and names(got["decode_roll"]) == ["decode-0"] and got["pending"] == []
     assert got["rolled"] == ["decode-0"]
-    assert got["summary"] == ("0 instance(s) to roll one at a time: none, nothing to do; the decode behind a temporary "
+    assert got["summary"] == ("0 instance(s) to roll: none, nothing to do; the decode behind a temporary "
                               "decode on prefill-3's GPUs (resumed)")
 
 
@@ -287,11 +298,11 @@ def test_the_switch_names_each_hosts_instances_and_those_still_to_stop():
 # ---------------------------------------------------------------- rolled_summary: the line a pass ends with
 
 def test_a_pass_ends_saying_what_it_rolled():
-    assert rolls({})["rolled_summary"] == ("0 instance(s) rolled (none), one at a time: the standby routed to every other "
-                                           "instance while one was out")
+    assert rolls({})["rolled_summary"] == ("0 instance(s) rolled (none), in batches: the standby routed to every other "
+                                           "instance while a batch was out")
     assert rolls({"p1": host(pending=["prefill-3", "prefill-2"]), "d0": host(pending=["decode-0"])})["rolled_summary"] == (
-        "3 instance(s) rolled (decode-0, prefill-2, prefill-3), one at a time: the standby routed to every other instance "
-        "while one was out, a temporary decode served while the decode restarted")
+        "3 instance(s) rolled (decode-0, prefill-2, prefill-3), in batches: the standby routed to every other instance "
+        "while a batch was out, a temporary decode served while the decode restarted")
 
 
 def test_a_release_pass_ends_saying_every_instance_runs_the_target():
@@ -458,9 +469,9 @@ def test_a_requested_prefill_rollback():
 
 def test_a_compatible_change_counts_what_it_rolled():
     got = outcome(kind="compatible", journal={}, pending=["prefill-2", "prefill-3"])
-    assert got["ok"] and got["msg"] == "2 instance(s) rolled one at a time."
+    assert got["ok"] and got["msg"] == "2 instance(s) rolled in batches."
     gated = outcome(kind="compatible", gated=True, journal={}, pending=["prefill-2"])
-    assert gated["msg"] == "1 instance(s) rolled one at a time; the gates passed (SLA: passed)."
+    assert gated["msg"] == "1 instance(s) rolled in batches; the gates passed (SLA: passed)."
     assert gated["rollout_state"] == "accepted" and gated["report"]["verdict"] == "accepted"
 
 
