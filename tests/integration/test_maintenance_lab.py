@@ -19,6 +19,7 @@ from pdctl import runner
 from pdctl.lab import hardware
 from test_quarantine_lab import ROUTER, router_prefills, unit_states
 from test_serving import CA, FRONTDOOR, client_key, main_pids, on_host
+from test_upgrade_lab import plain_output
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -90,7 +91,7 @@ def test_a_driver_change_in_check_mode_plans_the_turn_and_changes_nothing(conver
     before = main_pids()
     result = runner.run_playbook(PLAYBOOK, new_driver(tmp_path), envvars=LAB_ENV, limit=HOST, check=True)
     assert result.ok, result.failures
-    out = " ".join((result.artifact_dir / "stdout").read_text().split())
+    out = plain_output(result)
     assert "Maintenance plan" in out and "1 host(s) to take in turn: %s" % HOST in out, out[-2000:]
     assert "[prefill 2/4, decode GPUs 8/8" in out, out[-2000:]
     assert loaded_module(HOST) == MANIFEST["nvidia_driver"]

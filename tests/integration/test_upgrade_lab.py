@@ -40,6 +40,11 @@ def _stdout(result):
     return (result.artifact_dir / "stdout").read_text()
 
 
+def plain_output(result):
+    """The run's output on one line, without colours (they split the lines Ansible wraps)."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", _stdout(result)).split()).replace("''", "'")
+
+
 def _serving_state():
     """What an upgrade can change: every serving host's pdctl units and environment files (the standby
     router's unit among them), the instances' processes, the front door's view of the routers."""
@@ -71,7 +76,7 @@ def test_check_mode_prints_the_steps_and_restarts_nothing(flag_change):
     before = _serving_state()
     result = runner.run_playbook("playbooks/upgrade.yml", flag_change, check=True, envvars=LAB_ENV)
     assert result.ok, result.failures
-    out = " ".join(_stdout(result).split())
+    out = plain_output(result)
     # pdctl_rollout_prefill_keep 0.5 of 4: both of HOST's instances in one batch (2 of 4 keep serving).
     assert "2 instance(s) to roll: prefill-2, prefill-3; prefill in batches [prefill-2, prefill-3]" in out
     assert "Standby router without prefill-2, prefill-3" in out
@@ -129,7 +134,7 @@ def test_decode_flag_change_in_check_mode_plans_a_temporary_decode_and_restarts_
     before = _serving_state()
     result = runner.run_playbook("playbooks/upgrade.yml", _decode_flag_change(tmp_path), check=True, envvars=LAB_ENV)
     assert result.ok, result.failures
-    out = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", _stdout(result)).split()).replace("''", "'")
+    out = plain_output(result)
     assert "1 instance(s) to roll: decode-0; the decode behind a temporary decode on prefill-3's GPUs" in out, out[-2000:]
     assert "[prefill 3/4, decode GPUs 4/8" in out, out[-2000:]
     after = _serving_state()
@@ -158,8 +163,8 @@ def test_decode_flag_change_rolls_behind_a_temporary_decode_and_loses_no_request
         print("decode flag upgrade: %s, prefill capacity min %s over %d samples"
               % (summary, capacity.minimum(), len(capacity.samples)))
         assert result.ok, result.failures
-        out = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", _stdout(result)).split())  # colours split wrapped lines
-        assert "the decode behind a temporary decode on prefill-3's GPUs" in out.replace("''", "'"), out[-2000:]
+        out = plain_output(result)
+        assert "the decode behind a temporary decode on prefill-3's GPUs" in out, out[-2000:]
         after = main_pids()
         assert {n for n in before if before[n] != after[n]} == {"decode-0", "prefill-3"}, (before, after)
         assert "--shutdown-timeout 240" in on_host("lab-decode-0", "systemctl", "show", "-p", "ExecStart", "--value",
