@@ -196,7 +196,7 @@ class DecodeCounter(threading.Thread):
             try:
                 text = instance_metrics(self.url, 3)
                 if "kv_consumer" in text or CROSS_RELEASE_PAIRS in text:
-                    pid = (re.findall(r"^process_start_time_seconds (\S+)$", text, re.M) or ["?"])[0]
+                    pid = (re.findall(r"^pdctl_lab_engine_start_time_seconds (\S+)$", text, re.M) or ["?"])[0]
                     for metric, pattern in self._patterns.items():
                         count = sum(float(v) for v in pattern.findall(text))
                         if first:

@@ -29,11 +29,16 @@ JOB_MATCHER = re.compile(r'\bjob\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 
 
 def vllm_names() -> set[str]:
-    """vLLM's series as the engine stand-in exposes them (prefill and decode features on), lab-only names out."""
+    """vLLM's series as the engine stand-in exposes them in the recipe's configuration (prefill -dp 4, decode -dp 8,
+    no --api-server-count: one API server per DP rank, the multiprocess registry, no process_* series; prefill and
+    decode features on), lab-only names out."""
     from pdctl.lab.engine.metrics import EngineMetrics
 
-    text = EngineMetrics("m", dp_size=1, spec_decode=True, kv_connector=True).render()
-    return {n for n in promql.exposition_names(text) if not n.startswith("pdctl_lab_")}
+    names = set()
+    for dp in (4, 8):
+        text = EngineMetrics("m", dp_size=dp, spec_decode=True, kv_connector=True).render()
+        names |= {n for n in promql.exposition_names(text) if not n.startswith("pdctl_lab_")}
+    return names
 
 
 def capture_names(name: str) -> set[str]:
@@ -57,6 +62,8 @@ def unit_memory_names() -> set[str]:
         proc.mkdir(parents=True)
         (proc / "cgroup").write_text("0::/system.slice/pdctl-vllm-decode-0.service\n")
         (proc / "status").write_text("Name:\tpython3\nRssAnon:\t    1024 kB\n")
+        (proc / "stat").write_text("4242 (python3) S 1 4242 4242 0 -1 0 %s 5000\n" % " ".join(["0"] * 12))
+        (proc.parent / "stat").write_text("btime 1800000000\n")
         out = Path(tmp) / "pdctl-units.prom"
         subprocess.run([sys.executable, str(UNIT_MEMORY_SCRIPT), "--out", str(out), "--proc", str(proc.parent)],
                        check=True)

@@ -110,9 +110,9 @@ def _api_rss(eng):
 
 def test_leak_rss_grows_the_engine_cores_not_the_api_server(model, tmp_path):
     """The recipe's leak was in the engine cores: the stand-in's leak faults grow them, so vLLM's
-    process_resident_memory_bytes (the API server's) does not show it."""
+    process_resident_memory_bytes (the API server's, exported with one API server only) does not show it."""
     prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"leak_rss_mb_per_min": 600})
-    eng = ce.start_engine(model, ["-dp", "2"], prof, tmp_path, "leak")
+    eng = ce.start_engine(model, ["-dp", "2", "--api-server-count", "1"], prof, tmp_path, "leak")
     try:
         api_before, (cores, before) = _api_rss(eng), _cores_anon_bytes(eng)
         time.sleep(4.5)
@@ -126,7 +126,7 @@ def test_leak_rss_grows_the_engine_cores_not_the_api_server(model, tmp_path):
 
 def test_leak_per_request_grows_the_serving_ranks_engine_core(model, tmp_path):
     prof = ce.write_profile(tmp_path / "p.yaml", latency=FAST, faults={"leak_rss_mb_per_request": 2})
-    eng = ce.start_engine(model, ["-dp", "2"], prof, tmp_path, "leak")
+    eng = ce.start_engine(model, ["-dp", "2", "--api-server-count", "1"], prof, tmp_path, "leak")
     try:
         api_before, (_, before) = _api_rss(eng), _cores_anon_bytes(eng)
         for _ in range(20):

@@ -91,3 +91,29 @@ def test_rules_and_dashboard_name_only_metrics_the_live_lab_has(converged_lab):
         if missing:
             unknown[where] = sorted(missing)
     assert unknown == {}
+
+
+def test_each_instance_units_start_time_is_systemds_and_vllm_exports_no_process_series(converged_lab):
+    """Issue 54: the restart and leak alerts read pdctl_unit_start_time_seconds (the unit collector, through node
+    exporter), since vLLM with the recipe's -dp 4 / -dp 8 exports no process_* series. Prometheus has one per
+    instance, each at systemd's own start of the unit (ExecMainStartTimestamp, to the second); job vllm has no
+    process_* series at all."""
+    from test_serving import on_host
+
+    plan = inventory.plan(str(ROOT / "inventories/lab"))
+    _wait_all_up(_expected_targets())
+    deadline, found = time.time() + 60, {}
+    while time.time() < deadline and len(found) < len(plan["instances"]):
+        found = {r["metric"]["instance_name"]: float(r["value"][1])
+                 for r in _api("/api/v1/query", query='pdctl_unit_start_time_seconds{job="node"}')["result"]}
+        time.sleep(2)
+    assert set(found) == {i["name"] for i in plan["instances"]}, found
+    for inst in plan["instances"]:
+        usec = on_host(inst["host"], "systemctl", "show", "-p", "ExecMainStartTimestampMonotonic", "--value",
+                       inst["unit"]).strip()
+        uptime = float(on_host(inst["host"], "cat", "/proc/uptime").split()[0])
+        now = float(on_host(inst["host"], "date", "+%s.%N"))
+        systemd_start = now - uptime + int(usec) / 1e6
+        assert abs(found[inst["name"]] - systemd_start) < 2, (inst["name"], found[inst["name"]], systemd_start)
+    process = _api("/api/v1/query", query='count({job="vllm", __name__=~"process_.*"})')["result"]
+    assert process == [], process

@@ -5,8 +5,8 @@ The gate (`pdctl gate soak`) runs here, on the controller: load through the fron
 key), each instance's finished requests from its /metrics (reached through an SSH tunnel via the router host: an
 instance's port admits the router hosts only) and each unit's memory (API server and engine cores) from the
 node exporter of its host, where roles/monitoring's collector writes pdctl_unit_memory_anon_bytes for the
-textfile collector. vLLM's process_resident_memory_bytes (the API server's) is recorded beside it: with the leak
-it stays flat, so only the unit's memory shows it. The leak goes on FAULTY's instances (prefill-2, prefill-3)
+textfile collector. vLLM's process_resident_memory_bytes (the API server's) would be recorded beside it, but in
+the recipe's configuration vLLM exports none (multiprocess registry), so only the unit's memory shows the leak. The leak goes on FAULTY's instances (prefill-2, prefill-3)
 as an operator would change the engine profile (test_faults_lab.faulty_inventory); the lab's own profile comes
 back at the end (restore_engine). Reports under artifacts/soak/."""
 import json
@@ -102,7 +102,8 @@ def test_soak_catches_the_engine_core_leak(converged_lab, restore_engine, tunnel
         assert inst["rss_slope_mb_per_1k"] == pytest.approx(1000 * LEAK_MB_PER_REQUEST, rel=0.3), (name, inst)
         assert inst["rss_slope_ci95"][0] > 20
         assert "%s: RSS grows" % name in printed.err
-        # ... and none in the API server's process_resident_memory_bytes.
-        assert abs(inst["api_server_rss_slope_mb_per_1k"]) < 20, (name, inst)
+        # ... and vLLM itself exports no memory of its API server in the recipe's configuration (-dp 4 / -dp 8: one
+        # API server per DP rank, /metrics on the multiprocess registry, no process_* series): nothing to fit.
+        assert inst["api_server_rss_slope_mb_per_1k"] is None, (name, inst)
     assert result["requests"]["failed"] == 0
     assert os.path.getsize(ROOT / "artifacts/soak/engine-core-leak/soak.png") > 10000

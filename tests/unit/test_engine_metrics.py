@@ -2,6 +2,8 @@
 import math
 import re
 
+import pytest
+
 from pdctl.lab.engine.metrics import EngineMetrics
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*")*)?\})? '
@@ -53,8 +55,7 @@ def test_names_and_types():
                  "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
                  "vllm:request_queue_time_seconds", "vllm:nixl_xfer_time_seconds", "vllm:nixl_bytes_transferred"):
         assert types[name] == "histogram", name
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "process_resident_memory_bytes"):
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert types[name] == "gauge", name
     for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:spec_decode_num_drafts_total",
                  "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
@@ -89,5 +90,16 @@ def test_series_exist_before_traffic():
     engines = {l["engine"] for n, l, _ in samples if n == "vllm:num_requests_running"}
     assert engines == {"0", "1", "2", "3"}
     assert not any(n.startswith("vllm:spec_decode") or n.startswith("vllm:nixl") for n, _, _ in samples)
+    # -dp 4 and no --api-server-count: one API server per DP rank in vLLM 0.33, /metrics on the multiprocess
+    # registry, which has no process_* series.
+    assert not any(n.startswith("process_") for n, _, _ in samples)
+
+
+@pytest.mark.parametrize("dp, api_servers, process_series", [(1, None, True), (4, 1, True), (4, None, False),
+                                                             (8, 8, False), (2, None, False)])
+def test_process_series_only_with_one_api_server(dp, api_servers, process_series):
+    types, samples = parse(EngineMetrics("m", dp, False, False, api_servers=api_servers).render())
     rss = [v for n, _, v in samples if n == "process_resident_memory_bytes"]
-    assert rss and rss[0] > 1e6
+    assert bool(rss) == process_series and ("process_start_time_seconds" in types) == process_series
+    if process_series:
+        assert types["process_resident_memory_bytes"] == "gauge" and rss[0] > 1e6

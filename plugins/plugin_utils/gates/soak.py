@@ -5,8 +5,9 @@ before users do.
 Memory: the instance unit's, API server and engine cores together (``pdctl_unit_memory_anon_bytes``, which
 roles/monitoring's collector writes for node exporter's textfile collector on every serving host), read from
 the node exporter of the instance's host. vLLM's own ``process_resident_memory_bytes`` is its API server
-process's only; the recipe's leak was in the engine-core processes, so it is recorded beside (``api_rss_bytes``)
-but not judged.
+process's only, and exported only with one API server (with the recipe's -dp 4 / -dp 8 vLLM 0.33 runs one per DP
+rank and /metrics has no process_* series at all); the recipe's leak was in the engine-core processes, so it is
+recorded beside (``api_rss_bytes``, None where not exported) but not judged.
 
 Verdict:
 - **RSS** (the unit's): per instance, an ordinary least-squares line of RSS (MB) against the requests that instance has

@@ -120,8 +120,12 @@ class EngineMetrics:
     FINISH_REASONS = ("stop", "length", "abort", "error")
 
     def __init__(self, model_name: str, dp_size: int, spec_decode: bool, kv_connector: bool,
-                 release: dict | None = None):
+                 release: dict | None = None, api_servers: int | None = None):
+        """api_servers: vLLM's --api-server-count (None: its default, the DP size). More than one API server puts
+        vLLM 0.33's /metrics on prometheus_client's multiprocess registry, which has no process_* series
+        (shared/facts.md, "Metrics with DP > 1"): the stand-in then has none either."""
         self.model_name = model_name
+        self.multiprocess = (api_servers if api_servers is not None else dp_size) > 1
         release = release or {}
         self.info = Gauge("pdctl_lab_engine_info", "Lab stand-in release; label version is the vLLM version it "
                           "impersonates (what /version answers).", ("model_name", "version", "release", "standin_version"))
@@ -203,7 +207,12 @@ class EngineMetrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        lines += _process_metrics(self.start_time)
+        if not self.multiprocess:
+            lines += _process_metrics(self.start_time)
+        # Lab only (the benchmarks tell one engine process from the next by it, whatever vLLM's registry).
+        lines += ["# HELP pdctl_lab_engine_start_time_seconds When this stand-in process started (Unix epoch).",
+                  "# TYPE pdctl_lab_engine_start_time_seconds gauge",
+                  f"pdctl_lab_engine_start_time_seconds {_fmt(round(self.start_time, 2))}"]
         lines += self.info.render()
         for m in self.all:
             lines += m.render()

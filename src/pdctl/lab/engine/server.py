@@ -111,7 +111,8 @@ class Engine:
         self.dp = args.data_parallel_size_local or args.data_parallel_size
         self.dp_start = args.data_parallel_start_rank or 0
         self.ranks = [Rank(i, args.max_num_seqs or DEFAULT_MAX_NUM_SEQS) for i in range(self.dp)]
-        self.metrics = EngineMetrics(self.model_name, self.dp, self.num_spec > 0, bool(self.role), self.release)
+        self.metrics = EngineMetrics(self.model_name, self.dp, self.num_spec > 0, bool(self.role), self.release,
+                                     api_servers=args.api_server_count)
         lat = profile["latency"]
         self.lat = lat
         ans = profile["answers"]
