@@ -19,6 +19,8 @@ import io
 import json
 import socket
 
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import outcome
+
 STATES = ("ready", "drain", "maint")
 # srv_admin_state bits (HAProxy's enum srv_admin): SRV_ADMF_MAINT = forced, inherited or DNS-resolution
 # maintenance; SRV_ADMF_DRAIN = forced or inherited drain. CMAINT (0x04, `disabled` in the configuration)
@@ -151,20 +153,25 @@ def in_flight(metrics_text):
     return totals
 
 
-def canary_verdict(answer, expect=""):
+def canary_verdict(answer, expect="", max_tokens=None):
     """Whether a started instance's canary answer lets a router send it traffic. answer: the JSON of its
     /v1/completions reply (a short completion at temperature 0); expect: the answer it gave the same request on its
-    previous configuration ('' when there is none to compare with). Greedy decoding of the same prompt on the same
-    weights gives the same tokens, so a configuration that changes them is caught here.
+    previous configuration ('' when there is none to compare with); max_tokens: the request's. Greedy decoding of
+    the same prompt on the same weights gives the same tokens, so a configuration that changes them is caught here.
+    The answer is judged by the one outcome rule (outcome.of_response: finish_reason, the usage's token count of
+    the length asked), then it must not be empty and must match expect.
 
-    Returns {"ok", "text", "finish_reason", "msg": why it is refused ('' when ok)}."""
+    Returns {"ok", "text", "finish_reason", "tokens", "msg": why it is refused ('' when ok)}."""
     choices = (answer or {}).get("choices") or [{}]
     first = choices[0] if isinstance(choices[0], dict) else {}
     text, finish = str(first.get("text") or ""), first.get("finish_reason")
-    ok = finish in ("length", "stop") and bool(text) and expect in ("", text)
+    tokens = ((answer or {}).get("usage") or {}).get("completion_tokens")
+    kind = outcome.of_response(200, answer if isinstance(answer, dict) else {}, max_tokens)
+    ok = kind is None and bool(text) and expect in ("", text)
     msg = ""
     if not ok:
-        msg = "answers the canary %s (finish_reason %s)" % (json.dumps(text), finish or "none")
+        msg = "answers the canary %s (finish_reason %s, %s of %s tokens%s)" % (
+            json.dumps(text), finish or "none", tokens, max_tokens, ": " + kind if kind else "")
         if expect:
             msg += ", on its previous configuration %s" % json.dumps(expect)
-    return {"ok": ok, "text": text, "finish_reason": finish, "msg": msg}
+    return {"ok": ok, "text": text, "finish_reason": finish, "tokens": tokens, "msg": msg}

@@ -49,7 +49,7 @@ options:
   config:
     description:
       - Further settings of the accuracy gate's C(DEFAULTS), for example C(concurrency), C(time_budget_s),
-        C(seed), C(alpha), C(min_parse_rate), C(max_truncation_rate), and per benchmark
+        C(seed), C(alpha), C(min_parse_rate), C(max_truncation_rate), C(max_failed_share), and per benchmark
         C(samples), C(repeats), C(expected_accuracy), C(floor), C(max_tokens), C(buckets).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes

@@ -10,9 +10,10 @@ module: instance_canary
 short_description: Wait for a started vLLM instance's /health, then judge its answer to a canary
 description:
   - Polls the instance's C(/health) until it answers 200, then sends it I(request) (a short completion at
-    temperature 0) on C(/v1/completions) until it answers 200, and judges the answer - of the length asked
-    (C(finish_reason) C(length) or C(stop)), not empty, and the same as I(expect) when given (the answer the same
-    request got on the instance's previous configuration).
+    temperature 0) on C(/v1/completions) until it answers 200, and judges the answer by pdctl's one request-outcome
+    rule (module_utils/outcome.py - C(finish_reason) C(length) with exactly the request's C(max_tokens) in the usage,
+    or C(stop) with at least one and at most that many; no error in the body), then not empty, and the same as
+    I(expect) when given (the answer the same request got on the instance's previous configuration).
   - Fails when C(/health) or the canary never answers 200 in time. A wrong answer does not fail the module - it
     returns RV(ok=false) and RV(msg), so that the caller stops the instance before it fails the play.
   - Call it straight to the instance (on its host), before any router sends it traffic.
@@ -79,6 +80,11 @@ finish_reason:
   returned: always
   type: str
   sample: length
+tokens:
+  description: The completion tokens the answer's usage reports; null without an answer or a usage.
+  returned: always
+  type: int
+  sample: 8
 msg:
   description: Why the answer is refused; empty when RV(ok).
   returned: always
@@ -116,7 +122,8 @@ def _http(url, body=None, api_key=""):
 
 def run(params, check_mode, http=_http, clock=time.monotonic, sleep=time.sleep):
     if check_mode:
-        return {"changed": False, "ok": True, "text": "", "finish_reason": None, "msg": "", "waited_s": 0.0}
+        return {"changed": False, "ok": True, "text": "", "finish_reason": None, "tokens": None, "msg": "",
+                "waited_s": 0.0}
     base = params["url"].rstrip("/")
     start = clock()
     while http(base + "/health")[0] != 200:
@@ -126,7 +133,7 @@ def run(params, check_mode, http=_http, clock=time.monotonic, sleep=time.sleep):
     for attempt in range(params["canary_tries"]):
         status, answer = http(base + "/v1/completions", params["request"], params["api_key"])
         if status == 200:
-            out = canary_verdict(answer, params["expect"])
+            out = canary_verdict(answer, params["expect"], (params["request"] or {}).get("max_tokens"))
             return dict(out, changed=False, waited_s=round(clock() - start, 2))
         if attempt + 1 < params["canary_tries"]:
             sleep(params["poll_s"])

@@ -50,7 +50,7 @@ PLUGIN_SOURCES = [p for p in SOURCES if p.relative_to(ROOT).parts[0] == "plugins
 def test_the_pdctl_import_rule_catches_what_it_names():
     for line in ("from pdctl import outcome", "    from pdctl.gates import sla", "import pdctl.cache", "import pdctl"):
         assert PDCTL_IMPORT.search(line), line
-    for line in ("from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome", "import pdctlx",
+    for line in ("from ansible_collections.pdctl.vllm_pd.plugins.module_utils import outcome", "import pdctlx",
                  "# the rule of pdctl.cache, which this collection does not import"):
         assert not PDCTL_IMPORT.search(line), line
 

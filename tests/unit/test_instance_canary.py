@@ -18,8 +18,10 @@ REQUEST = {"prompt": "pdctl canary: the capital of France is", "max_tokens": 8, 
 KEY = "sk-canary-secret"
 
 
-def completion(text, finish="length"):
-    return {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+def completion(text, finish="length", tokens=8):
+    """A /v1/completions answer; the canary asks for 8 tokens (playbooks/vars/canary.yml)."""
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + (tokens or 0)}}
 
 
 class Instance:
@@ -94,7 +96,8 @@ def test_the_answer_on_the_previous_configuration_must_be_the_same(instance, cap
     inst = instance(answer=completion(" Lyon"))
     failed, res, dummy = canary(inst, capsys, expect=" Paris")
     assert not failed and not res["ok"]   # the caller stops the instance, then fails
-    assert res["msg"] == 'answers the canary " Lyon" (finish_reason length), on its previous configuration " Paris"'
+    assert res["msg"] == ('answers the canary " Lyon" (finish_reason length, 8 of 8 tokens), on its previous '
+                          'configuration " Paris"')
     failed, res, dummy = canary(inst, capsys, expect=" Lyon")
     assert not failed and res["ok"]
 
@@ -130,7 +133,12 @@ def test_check_mode_sends_nothing(instance, capsys):
     ({}, "", False),
     (None, "", False),
     (completion(" Paris"), " Lyon", False),                # another answer than before the restart
+    (completion(" Paris", "length", 3), "", False),       # cut: 3 of the 8 tokens asked
+    (completion(" Paris", "stop", 0), "", False),         # a usage of no token beside text
+    (completion(" Paris", "stop", 2), "", True),
+    ({"choices": [{"text": " Paris", "finish_reason": "length"}]}, "", False),  # no usage: a cut one looks the same
+    (dict(completion(" Paris"), error={"code": 500}), "", False),
 ])
 def test_canary_verdict(answer, expect, ok):
-    got = canary_verdict(answer, expect)
+    got = canary_verdict(answer, expect, 8)
     assert got["ok"] is ok and bool(got["msg"]) is not ok

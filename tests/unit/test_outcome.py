@@ -28,9 +28,23 @@ from pdctl.lab.load import Outcome, StreamLoad
     (200, True, "length", 2, 24, False, "short"),
     (200, True, "stop", 25, 24, False, "short"),
     (200, True, "length", None, 24, False, "short"),    # no count: a cut answer could not be told apart
+    (200, True, "stop", 0, 24, False, "short"),         # stopped having generated nothing
+    (200, True, "stop", 1, 24, False, None),
 ])
 def test_failure_kind(status, done, finish, tokens, max_tokens, error, kind):
     assert outcome.failure_kind(status, done, finish, tokens, max_tokens, error) == kind
+
+
+def test_a_usage_of_no_token_beside_generated_text_does_not_agree():
+    assert outcome.failure_kind(200, True, "stop", 0, 24, text=True) == "short"
+    assert outcome.failure_kind(200, True, "length", 0, 0, text=True) == "short"
+    assert outcome.failure_kind(200, True, "stop", 3, 24, text=True) is None
+    reader = outcome.StreamReader()
+    for line in ['data: {"choices": [{"delta": {"content": "Hi"}, "finish_reason": null}]}',
+                 'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}',
+                 'data: {"choices": [], "usage": {"completion_tokens": 0}}', "data: [DONE]"]:
+        reader.feed(line)
+    assert reader.kind(200, 24) == "short"
 
 
 def test_non_streamed_answers():
@@ -42,6 +56,9 @@ def test_non_streamed_answers():
     assert outcome.of_response(200, body("abort", 2), 16) == "abort"
     assert outcome.of_response(200, body("length", 2), 16) == "short"
     assert outcome.of_response(200, {"error": {"code": 500}}, 16) == "abort"
+    assert outcome.of_response(200, body("stop", 0), 16) == "short"
+    with_text = {"choices": [{"finish_reason": "length", "message": {"content": "x"}}], "usage": {"completion_tokens": 0}}
+    assert outcome.of_response(200, with_text, 0) == "short"
     assert outcome.of_response(500, None, 16) == "status"
 
 
@@ -82,7 +99,8 @@ def _answer(finish, tokens):
 
 
 # Non-streamed answers (the gates' clients): the JSON body.
-ANSWERS = {"answer-ok": _answer("stop", 5), "answer-abort": _answer("abort", 2), "answer-short": _answer("length", 3)}
+ANSWERS = {"answer-ok": _answer("stop", 5), "answer-abort": _answer("abort", 2), "answer-short": _answer("length", 3),
+           "answer-error-body": dict(_answer("stop", 5), error={"message": "Internal server error", "code": 500})}
 
 
 class _Scripted(BaseHTTPRequestHandler):
@@ -168,7 +186,8 @@ def test_the_soak_gate_judges_its_requests_by_the_rule(scripted, script, kind):
     assert out and {r["kind"] for r in out} == {kind} and all(r["ok"] == (kind is None) for r in out)
 
 
-@pytest.mark.parametrize("script,kind", [("answer-ok", None), ("answer-abort", "abort"), ("answer-short", "short")])
+@pytest.mark.parametrize("script,kind", [("answer-ok", None), ("answer-abort", "abort"), ("answer-short", "short"),
+                                         ("answer-error-body", "abort")])
 def test_the_accuracy_gate_counts_an_aborted_answer_as_an_error(scripted, script, kind):
     import asyncio
 
@@ -180,6 +199,26 @@ def test_the_accuracy_gate_counts_an_aborted_answer_as_an_error(scripted, script
     assert record["status"] == ("ok" if kind is None else "error")
     assert record.get("failure_kind") == kind
     assert record["correct"] == (kind is None)  # the same text, graded only when the request was ok
+
+
+def test_the_accuracy_gate_fails_on_failed_requests_whatever_the_accuracy():
+    from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import accuracy
+
+    cfg = accuracy.merge_config({})
+    ok = {"status": "ok", "correct": True, "parsed": True}
+    failed = {"status": "error", "failure_kind": "status", "correct": False, "parsed": False}
+    # 60 of 64 right (above any floor) but 4 requests failed: 6% > 2%.
+    rows = [dict(ok) for _ in range(60)] + [dict(failed) for _ in range(4)]
+    summary = accuracy.summarize("gpqa", rows, dict(cfg["gpqa"], floor=10), cfg, None)
+    assert not summary["passed"]
+    (check,) = [c for c in summary["checks"] if c["name"] == "failed_share"]
+    assert not check["ok"] and "4 of 64 requests failed (6.2%: 4 status" in check["message"], check
+    # One failure in 64 (1.6%) is within the stated share; the others pass as before.
+    rows = [dict(ok) for _ in range(63)] + [dict(failed)]
+    assert accuracy.summarize("gpqa", rows, dict(cfg["gpqa"], floor=10), cfg, None)["passed"]
+    # Unasked questions (the time budget) count as failed too.
+    rows = [dict(ok) for _ in range(60)] + [{"status": "timeout", "correct": False, "parsed": False}] * 4
+    assert not accuracy.summarize("gpqa", rows, dict(cfg["gpqa"], floor=10), cfg, None)["passed"]
 
 
 def test_the_stream_reader_sees_the_first_generated_text_not_the_role_chunk():

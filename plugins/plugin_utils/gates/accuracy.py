@@ -6,7 +6,10 @@ Verdict per benchmark (all must hold):
   or an explicit ``floor`` count;
 - reference (when a report of a known-good deployment is given): no drop beyond the exact one-sided
   Fisher test at ``reference_alpha``;
-- parse rate >= ``min_parse_rate`` and truncation rate <= ``max_truncation_rate``.
+- parse rate >= ``min_parse_rate`` and truncation rate <= ``max_truncation_rate``;
+- failed requests (the outcome rule's failures: no answer, an error status or body, an aborted or short answer;
+  and those the time budget left unasked) at most ``max_failed_share`` of the requests, whatever the accuracy: a
+  gate that could not ask has not measured it.
 Unparsable, length-truncated, failed and timed-out answers all count as wrong.
 """
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import copy
 import time
 
-from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import outcome
 from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils.gates import datasets, prompts, stats
 
 DEFAULTS = {
@@ -30,6 +33,7 @@ DEFAULTS = {
     "reference_alpha": 0.01,
     "min_parse_rate": 0.95,
     "max_truncation_rate": 0.05,
+    "max_failed_share": 0.02,
     "api_key": "EMPTY",
     "ca_file": None,  # CA bundle that signed the front door's certificate (None: the system's)
     "aime": {"samples": None, "repeats": 4, "expected_accuracy": 0.8667, "max_tokens": 32768},
@@ -82,8 +86,8 @@ def validate(cfg: dict) -> list[str]:
     for key in ("alpha", "reference_alpha"):
         if not 0 < float(cfg[key]) < 1:
             problems.append("%s must be in (0, 1)" % key)
-    if not 0 <= float(cfg["min_parse_rate"]) <= 1 or not 0 <= float(cfg["max_truncation_rate"]) <= 1:
-        problems.append("min_parse_rate and max_truncation_rate must be in [0, 1]")
+    if not all(0 <= float(cfg[k]) <= 1 for k in ("min_parse_rate", "max_truncation_rate", "max_failed_share")):
+        problems.append("min_parse_rate, max_truncation_rate and max_failed_share must be in [0, 1]")
     if int(cfg["concurrency"]) < 1 or float(cfg["time_budget_s"]) <= 0:
         problems.append("concurrency must be >= 1 and time_budget_s > 0")
     return problems
@@ -133,8 +137,10 @@ async def _ask(client, semaphore, deadline, model, item, repeat, settings, cfg) 
             content = message.content or ""
             reasoning = (message.model_extra or {}).get("reasoning") or ""
             tokens = getattr(resp.usage, "completion_tokens", None)
-            # The one request-outcome rule: an aborted or short answer is an error, not a wrong answer.
-            kind = outcome.failure_kind(200, True, choice.finish_reason, tokens, int(settings["max_tokens"]))
+            # The one request-outcome rule: an aborted or short answer is an error, not a wrong answer; so is a
+            # body that carries an error beside its choices.
+            kind = outcome.failure_kind(200, True, choice.finish_reason, tokens, int(settings["max_tokens"]),
+                                        error="error" in (resp.model_extra or {}), text=bool(content or reasoning))
             record.update(status="ok" if kind is None else "error", finish_reason=choice.finish_reason,
                           completion_tokens=tokens, content_chars=len(content), reasoning_chars=len(reasoning),
                           **grade(item, content, choice.finish_reason))
@@ -244,6 +250,13 @@ def summarize(name: str, results: list[dict], settings: dict, cfg: dict, referen
     checks.append(_check("parse_rate", summary["parse_rate"] >= float(cfg["min_parse_rate"]),
                          "%s: parse rate %.1f%% (%d of %d unparsable), minimum %.1f%%"
                          % (name, 100 * summary["parse_rate"], n - parsed, n, 100 * float(cfg["min_parse_rate"]))))
+    failed = summary["errors"] + summary["timeouts"]
+    summary["failed_share"] = failed / n if n else 0.0
+    checks.append(_check("failed_share", summary["failed_share"] <= float(cfg["max_failed_share"]),
+                         "%s: %d of %d requests failed (%.1f%%: %s, %d left unasked by the time budget), maximum "
+                         "%.1f%%" % (name, failed, n, 100 * summary["failed_share"],
+                                     ", ".join("%d %s" % (c, k) for k, c in summary["errors_by_kind"].items() if c)
+                                     or "no error", summary["timeouts"], 100 * float(cfg["max_failed_share"]))))
     checks.append(_check("truncation_rate", summary["truncation_rate"] <= float(cfg["max_truncation_rate"]),
                          "%s: truncation rate %.1f%% (%d of %d hit max_tokens %d), maximum %.1f%%"
                          % (name, 100 * summary["truncation_rate"], truncated, n, int(settings["max_tokens"]),

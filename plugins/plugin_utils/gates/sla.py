@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import outcome
 
 DEFAULTS = {
     "contexts": [16384, 65536, 131072, 262144],

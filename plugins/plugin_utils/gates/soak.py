@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 
-from ansible_collections.pdctl.vllm_pd.plugins.plugin_utils import outcome
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils import outcome
 
 DEFAULTS = {
     "duration_s": 180.0,

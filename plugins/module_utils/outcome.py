@@ -1,12 +1,18 @@
+# -*- coding: utf-8 -*-
+# Copyright: pdctl contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one rule for whether a completion request succeeded, used by the load generator, the benchmarks,
-the gates and the lab tests.
+the gates, the canary module (instance_canary, on the hosts: hence module_utils, standard library only) and the
+lab tests.
 
 A request is ok when all of these hold:
 - HTTP 200;
 - a stream reached ``data: [DONE]`` (a non-streamed answer is complete by construction);
 - the finish_reason is ``stop`` or ``length``;
 - the token count is the one the request allowed for: ``length`` means exactly max_tokens, ``stop`` means at
-  most max_tokens (a count that is not known fails: without it a truncated answer cannot be told apart).
+  least one and at most max_tokens (a count that is not known fails: without it a truncated answer cannot be told
+  apart; an answer that stops with no token generated nothing);
+- the usage agrees with the answer: a stream that carried generated text reports at least one token.
 
 Anything else is a failure of one kind (the first that applies, in this order):
 - ``status``: no HTTP response, or a status other than 200;
@@ -14,7 +20,7 @@ Anything else is a failure of one kind (the first that applies, in this order):
 - ``abort``: the server ended the request itself: finish_reason ``abort`` / ``error`` / anything but stop or
   length, or an error event in the stream (vLLM reports an aborted or drain-expired request with HTTP 200,
   ``finish_reason: "abort"`` and ``[DONE]``);
-- ``short``: stop/length with the wrong number of tokens.
+- ``short``: stop/length with the wrong number of tokens (none for ``stop``, or a usage of 0 beside text).
 """
 from __future__ import annotations
 
@@ -24,8 +30,9 @@ KINDS = ("status", "cut", "abort", "short")
 
 
 def failure_kind(status: int | None, done: bool, finish_reason: str | None, tokens: int | None,
-                 max_tokens: int | None, error: bool = False) -> str | None:
-    """None when the request is ok, else its failure kind (one of KINDS)."""
+                 max_tokens: int | None, error: bool = False, text: bool = False) -> str | None:
+    """None when the request is ok, else its failure kind (one of KINDS). text: the answer carried generated text
+    (a usage of 0 tokens beside it does not agree)."""
     if status != 200:
         return "status"
     if error:
@@ -40,7 +47,9 @@ def failure_kind(status: int | None, done: bool, finish_reason: str | None, toke
         return "short"
     if finish_reason == "length" and tokens != max_tokens:
         return "short"
-    if finish_reason == "stop" and tokens > max_tokens:
+    if finish_reason == "stop" and not 1 <= tokens <= max_tokens:
+        return "short"
+    if text and tokens < 1:
         return "short"
     return None
 
@@ -80,7 +89,8 @@ class StreamReader:
                 self.content = True
 
     def kind(self, status: int | None, max_tokens: int | None) -> str | None:
-        return failure_kind(status, self.done, self.finish_reason, self.tokens, max_tokens, bool(self.error))
+        return failure_kind(status, self.done, self.finish_reason, self.tokens, max_tokens, bool(self.error),
+                            self.content)
 
 
 def of_response(status: int | None, body: dict | None, max_tokens: int | None) -> str | None:
@@ -92,7 +102,10 @@ def of_response(status: int | None, body: dict | None, max_tokens: int | None) -
         return "abort"
     choices = body.get("choices") or [{}]
     tokens = (body.get("usage") or {}).get("completion_tokens")
-    return failure_kind(status, True, choices[0].get("finish_reason"), tokens, max_tokens)
+    message = choices[0].get("message") or {}
+    text = bool(choices[0].get("text") or message.get("content") or message.get("reasoning_content")
+                or message.get("reasoning"))
+    return failure_kind(status, True, choices[0].get("finish_reason"), tokens, max_tokens, text=text)
 
 
 def count_kinds(kinds) -> dict:
