@@ -151,8 +151,9 @@ def _source_key(source):
     return (net.version, net.network_address, net.prefixlen)
 
 
-def rules(plan, inputs):
-    """{host: [rule, ...]} for every host of the plan (see the module docstring for a rule).
+def rules(plan, inputs, only=None):
+    """{host: [rule, ...]} for every host of the plan (see the module docstring for a rule), or for the hosts
+    in `only`: a host's own render needs only its rules, and a fleet's whole set for each host is quadratic.
 
     inputs:
       addresses           {host: [address, ...]} where each host's traffic comes from (host_addresses)
@@ -237,7 +238,7 @@ def rules(plan, inputs):
             kv_check.setdefault(path["prefill_host"], []).append(path["port"])
 
     out = {}
-    for host in hosts:
+    for host in (h for h in hosts if only is None or h in only):
         own = addresses[host]
         ruleset = [
             {"name": "established", "why": "replies and related flows of connections already allowed",

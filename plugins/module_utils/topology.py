@@ -526,8 +526,9 @@ def _check_groups(host, groups, hostvars, problems, cells=(), cell=None):
     unknown = sorted(groups - set(KNOWN_GROUPS) - set(cells) - {str(g) for g in extra})
     if unknown:
         problems.append("%s is in group%s %s, which the planner does not know (known: %s; list site "
-                        "groups in pdctl_extra_groups)" % (host, "s" if len(unknown) > 1 else "",
-                                                           ", ".join(unknown), ", ".join(KNOWN_GROUPS[:4])))
+                        "groups in pdctl_extra_groups; a cell's group sets %s to its own name)"
+                        % (host, "s" if len(unknown) > 1 else "", ", ".join(unknown), ", ".join(KNOWN_GROUPS[:4]),
+                           CELL_VAR))
         return False
     if not groups & (set(KNOWN_POOLS) | {ROUTER_GROUP, FRONTDOOR_GROUP}):
         problems.append("%s is in none of the prefill, decode, router and frontdoor groups: it would serve nothing"
