@@ -28,12 +28,12 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
                            each instance's KV NICs and CPUs follow its GPUs (place_on_hardware)
   pdctl_min_prefill_instances  optional, 1..planned prefill instances: a prefill host that fails its
                            host-stack checks is quarantined (quarantine()) while at least this many remain
-A host may also carry "names" (all its variable names): a `pdctl_*` name that no role, playbook or plugin
-reads is refused with the nearest known one (module_utils/varnames.py).
   pdctl_cell               optional, the host's cell (docs/cells.md): normally set once in group_vars/<cell>/,
                            the cell's own inventory group, and named like it (a simple identifier). A cell's
                            routers pair only its own prefill and decode instances; a serving or router host
                            that sets none is in the one DEFAULT_CELL. Front-door hosts serve the whole fleet.
+A host may also carry "names" (all its variable names): a `pdctl_*` name that no role, playbook or plugin
+reads is refused with the nearest known one (module_utils/varnames.py).
 Hosts in the `router` group (one or more) run the P/D router on pdctl_ports.router / router_metrics.
 Hosts in the `frontdoor` group (default: the router hosts) run the front door (HAProxy) on
 pdctl_ports.frontdoor / frontdoor_metrics and balance across every router. With more than one, clients
@@ -83,7 +83,7 @@ KNOWN_GROUPS = KNOWN_POOLS + (ROUTER_GROUP, FRONTDOOR_GROUP, "serving", "ungroup
 CELL_VAR = "pdctl_cell"
 DEFAULT_CELL = "default"
 # A cell's name is its group's name too, so what Ansible takes as a group name without rewriting it.
-CELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class PlanError(Exception):
