@@ -40,14 +40,15 @@ def quarantine_plan(plan, failures, groups):
         return {"plan": None, "errors": exc.problems}
 
 
-def firewall_rules(plan, hostvars, settings):
-    """{host: [rule, ...]}: the inbound flows each host accepts (firewall.rules). settings holds the
-    inputs of firewall.rules but the addresses, which come from each covered host's variables."""
+def firewall_rules(plan, hostvars, settings, host=None):
+    """{host: [rule, ...]}: the inbound flows each host accepts (firewall.rules); with host, that host's only
+    (what its own nftables.conf needs). settings holds the inputs of firewall.rules but the addresses, which
+    come from each covered host's variables."""
     inputs = dict(settings or {})
     hosts = firewall.firewall_hosts(plan, inputs.get("monitoring_host"))
     inputs["addresses"] = {h: firewall.host_addresses(hostvars[h] if h in hostvars else {}) for h in hosts}
     try:
-        return firewall.rules(plan, inputs)
+        return firewall.rules(plan, inputs, only=None if host is None else [host])
     except firewall.FirewallError as exc:
         raise AnsibleFilterError("firewall rules: %s" % "; ".join(exc.problems)) from exc
 

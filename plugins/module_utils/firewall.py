@@ -151,8 +151,9 @@ def _source_key(source):
     return (net.version, net.network_address, net.prefixlen)
 
 
-def rules(plan, inputs):
-    """{host: [rule, ...]} for every host of the plan (see the module docstring for a rule).
+def rules(plan, inputs, only=None):
+    """{host: [rule, ...]} for every host of the plan (see the module docstring for a rule), or for the hosts
+    in `only`: a host's own render needs only its rules, and a fleet's whole set for each host is quadratic.
 
     inputs:
       addresses           {host: [address, ...]} where each host's traffic comes from (host_addresses)
@@ -199,18 +200,24 @@ def rules(plan, inputs):
         return [a for h in host_list for a in addresses[h]]
 
     instances = plan["instances"]
-    pool_hosts = {pool: sorted({i["host"] for i in instances if i["pool"] == pool}) for pool in ("prefill", "decode")}
+    # KV moves and routers send only inside a cell (topology: docs/cells.md). An instance or router without
+    # "cell" (a plan from before cells) is in the one cell there was.
+    cell_of = {i["host"]: i.get("cell") for i in instances}
+    pool_hosts = {}  # {(pool, cell): {host, ...}}
+    for inst in instances:
+        pool_hosts.setdefault((inst["pool"], inst.get("cell")), set()).add(inst["host"])
     other_pool = {"prefill": "decode", "decode": "prefill"}
     serving_hosts = sorted({i["host"] for i in instances})
 
     def kv_peers(pool, host):
-        """The hosts that move KV with a `pool` instance on `host`: the other pool's, and for a prefill
-        instance every other prefill host too. While the decode restarts (a decode change, the decode host's
-        maintenance) a temporary decode on one prefill instance's GPUs pulls KV from every other prefill
-        instance; which one lends can change with a quarantine, so any prefill host may pull."""
-        peers = set(pool_hosts[other_pool[pool]])
+        """The hosts of its cell that move KV with a `pool` instance on `host`: the other pool's, and for a
+        prefill instance every other prefill host too. While the decode restarts (a decode change, the decode
+        host's maintenance) a temporary decode on one prefill instance's GPUs pulls KV from every other prefill
+        instance of the cell; which one lends can change with a quarantine, so any prefill host may pull."""
+        cell = cell_of[host]
+        peers = set(pool_hosts.get((other_pool[pool], cell), ()))
         if pool == "prefill":
-            peers |= set(pool_hosts["prefill"]) - {host}
+            peers |= pool_hosts.get(("prefill", cell), set()) - {host}
         return sorted(peers)
     routers = _routers(plan)
     router_hosts = [r["host"] for r in routers]
@@ -231,7 +238,7 @@ def rules(plan, inputs):
             kv_check.setdefault(path["prefill_host"], []).append(path["port"])
 
     out = {}
-    for host in hosts:
+    for host in (h for h in hosts if only is None or h in only):
         own = addresses[host]
         ruleset = [
             {"name": "established", "why": "replies and related flows of connections already allowed",
@@ -248,15 +255,24 @@ def rules(plan, inputs):
         ]
         for inst in (i for i in instances if i["host"] == host):
             peers = kv_peers(inst["pool"], host)
+            # Its cell's routers only: another cell's never send to it.
+            callers = [r["host"] for r in routers if r.get("cell") == inst.get("cell")]
+            kinds = ["router"]
+            if monitoring_host and monitoring_host not in callers:
+                # Prometheus scrapes /metrics of every cell's instances from its router host (checked above).
+                callers.append(monitoring_host)
+                kinds.append("Prometheus'")
             # The front doors ask a decode instance's /health themselves (haproxy.cfg.j2, be_check_*).
-            callers = router_hosts + [h for h in frontdoor["hosts"] if h not in router_hosts and inst["pool"] == "decode"]
+            checkers = [h for h in frontdoor["hosts"] if h not in callers and inst["pool"] == "decode"]
+            if checkers:
+                callers += checkers
+                kinds.append("front-door")
             ruleset.append(_port_rule(
                 # Not the admin networks, not Prometheus from elsewhere: vLLM's key guards only /v1, /v2,
                 # /inference and /cohere; POST /invocations and /scale_elastic_ep generate without one.
-                # Prometheus scrapes /metrics from a router host (checked above).
-                "%s api" % inst["name"], "%s's API (generation endpoints without a key): the %s (%s) "
-                "and the instance's own host only" % (inst["name"], "router and front-door hosts" if callers != router_hosts
-                                                      else "router hosts", ", ".join(callers)),
+                "%s api" % inst["name"], "%s's API (generation endpoints without a key): the %s hosts (%s) "
+                "and the instance's own host only" % (inst["name"], ", ".join(kinds[:-1]) + " and " + kinds[-1]
+                                                      if len(kinds) > 1 else kinds[0], ", ".join(callers)),
                 [inst["api_port"]], of(callers) + own))
             ruleset.append(_port_rule(
                 "%s nixl side channel" % inst["name"], "%s's NIXL side channel from the hosts it moves KV with (%s)"
@@ -265,7 +281,7 @@ def rules(plan, inputs):
                 "%s dp rpc" % inst["name"], "%s's data-parallel RPC: the host itself only" % inst["name"],
                 [inst["dp_rpc_port"]], own))
         for pool, peers_pool in other_pool.items():
-            if host not in pool_hosts[pool]:
+            if host not in pool_hosts.get((pool, cell_of.get(host)), ()):
                 continue
             peers = kv_peers(pool, host)
             if kv_tcp:
@@ -279,7 +295,7 @@ def rules(plan, inputs):
                 ports = sorted(kv_check[host])
                 ruleset.append(_port_rule(
                     "kv path check", "KV-path check listeners (verify_kv_path.yml) from the decode hosts",
-                    [_span(ports[0], ports[-1])], of(pool_hosts["decode"])))
+                    [_span(ports[0], ports[-1])], of(sorted(pool_hosts.get(("decode", cell_of[host]), ())))))
         if host in serving_hosts and inputs.get("model_fanout_port") is not None:
             ruleset.append(_port_rule(
                 "model fanout", "model weights fan-out from the seed host to the other serving hosts",

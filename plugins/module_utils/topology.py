@@ -28,6 +28,10 @@ Inventory contract (per host, after Ansible merged group_vars/host_vars):
                            each instance's KV NICs and CPUs follow its GPUs (place_on_hardware)
   pdctl_min_prefill_instances  optional, 1..planned prefill instances: a prefill host that fails its
                            host-stack checks is quarantined (quarantine()) while at least this many remain
+  pdctl_cell               optional, the host's cell (docs/cells.md): normally set once in group_vars/<cell>/,
+                           the cell's own inventory group, and named like it (a simple identifier). A cell's
+                           routers pair only its own prefill and decode instances; a serving or router host
+                           that sets none is in the one DEFAULT_CELL. Front-door hosts serve the whole fleet.
 A host may also carry "names" (all its variable names): a `pdctl_*` name that no role, playbook or plugin
 reads is refused with the nearest known one (module_utils/varnames.py).
 Hosts in the `router` group (one or more) run the P/D router on pdctl_ports.router / router_metrics.
@@ -41,10 +45,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils.hwprofile import (
     ProfileError, placement, resolve as resolve_profile)
 from ansible_collections.pdctl.vllm_pd.plugins.module_utils import varnames
+from ansible_collections.pdctl.vllm_pd.plugins.module_utils.admission import capacity
 
 KNOWN_POOLS = ("prefill", "decode")
 POOL_KEYS = ("tensor_parallel_size", "data_parallel_size")
@@ -63,7 +69,8 @@ AGGREGATED_PORT_KEYS = ("router_aggregated", "router_aggregated_metrics")
 # The inventory variables the planner reads (the CLI and the filter pass exactly these).
 PLAN_VARS = ("pdctl_gpu_count", "pdctl_instances", "pdctl_pools", "pdctl_ports", "pdctl_model_path",
              "pdctl_versions", "pdctl_advertise_address", "pdctl_extra_groups", "ansible_host", "pdctl_hw_profile",
-             "pdctl_min_prefill_instances", "pdctl_frontdoor_vip", "pdctl_monitoring", "pdctl_kv_path_check")
+             "pdctl_min_prefill_instances", "pdctl_frontdoor_vip", "pdctl_monitoring", "pdctl_kv_path_check",
+             "pdctl_cell")
 ROUTER_GROUP = "router"
 FRONTDOOR_GROUP = "frontdoor"
 # The router listens here when the front door is on its own host and nowhere else.
@@ -71,6 +78,12 @@ LOOPBACK = "127.0.0.1"
 # Groups the planner gives a meaning to; `serving` is the parent of the pools. A host in any other
 # group is refused unless the inventory names that group in pdctl_extra_groups (site groupings).
 KNOWN_GROUPS = KNOWN_POOLS + (ROUTER_GROUP, FRONTDOOR_GROUP, "serving", "ungrouped")
+# A cell (docs/cells.md) is an inventory group that sets this one variable; a group named like a cell is
+# known. Serving and router hosts without it are in DEFAULT_CELL: an inventory without cells is one cell.
+CELL_VAR = "pdctl_cell"
+DEFAULT_CELL = "default"
+# A cell's name is its group's name too, so what Ansible takes as a group name without rewriting it.
+CELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class PlanError(Exception):
@@ -370,8 +383,9 @@ KV_CHECK_GPUS = ("per_numa", "all")
 
 def kv_check_paths(plan, base_port, gpus="per_numa"):
     """The KV paths that serve, as the KV-path check proves them: for every prefill instance, one GPU on
-    each of its sockets (gpus=per_numa) or every GPU (all), read by every decode instance (decode pulls
-    from prefill) from a decode GPU on the same socket number where it has one. Each path:
+    each of its sockets (gpus=per_numa) or every GPU (all), read by every decode instance of its cell (decode
+    pulls from prefill; KV never crosses cells) from a decode GPU on the same socket number where it has one.
+    Each path:
       name             "<host> <instance> GPU <n> (NIC <nics>) -> <decode host> <decode instance> GPU <m>"
       prefill_host, prefill_instance, prefill_address, gpu, numa, nics, ucx_net_devices
       decode_host, decode_instance, decode_gpu, decode_ucx_net_devices
@@ -391,7 +405,8 @@ def kv_check_paths(plan, base_port, gpus="per_numa"):
                 chosen.append(entry)
                 seen.add(entry["numa"])
         for entry in chosen:
-            for dec in decodes:
+            # An instance without "cell" (a plan from before cells) is in the one cell there was.
+            for dec in (d for d in decodes if d.get("cell") == inst.get("cell")):
                 dlayout = dec.get("gpu_layout") or [{"gpu": g, "numa": None} for g in dec["gpus"]]
                 dgpu = next((d["gpu"] for d in dlayout if d["numa"] == entry["numa"]), dec["gpus"][0])
                 slot = per_host.get(inst["host"], 0)
@@ -461,6 +476,7 @@ def _check_kv_check_ports(hosts, instances, claims, problems):
     """The KV-path check (playbooks/verify_kv_path.yml) opens one listener per checked path on each prefill
     host, from pdctl_ports.kv_path_check up (kv_check_paths gives path n on a host base + n): that whole
     range must clash with no other port of the host."""
+    paths = {}  # per GPU choice, computed once for all hosts
     for host in sorted(claims, key=_natural_key):
         hostvars = hosts[host].get("vars") or {}
         if "prefill" not in (hosts[host].get("groups") or []):
@@ -474,7 +490,9 @@ def _check_kv_check_ports(hosts, instances, claims, problems):
             problems.append("%s: pdctl_kv_path_check.gpus must be one of %s, found %r"
                             % (host, ", ".join(KV_CHECK_GPUS), gpus))
             continue
-        count = sum(1 for p in kv_check_paths({"instances": instances}, base, gpus) if p["prefill_host"] == host)
+        if gpus not in paths:
+            paths[gpus] = kv_check_paths({"instances": instances}, 0, gpus)
+        count = sum(1 for p in paths[gpus] if p["prefill_host"] == host)
         last = base + max(count, 1) - 1
         who = "%s range (%d KV-path check listener%s)" % (KV_CHECK_PORT_LABEL, count, "" if count == 1 else "s") \
             if count > 1 else KV_CHECK_PORT_LABEL
@@ -485,28 +503,131 @@ def _span(lo, hi):
     return str(lo) if lo == hi else "%d-%d" % (lo, hi)
 
 
-def _check_groups(host, groups, hostvars, problems):
-    """Refuse the shapes Ansible merges without a word: two pools on one host, unknown groups."""
+def _check_groups(host, groups, hostvars, problems, cells=(), cell=None):
+    """Refuse the shapes Ansible merges without a word: two pools on one host, unknown groups, a host in the
+    group of a cell that is not its own (in two cells' groups, Ansible keeps one pdctl_cell).
+
+    cells: every cell name of the inventory (their groups are known); cell: this host's."""
     pools = sorted(groups & set(KNOWN_POOLS))
     if len(pools) > 1:
         problems.append("%s is in both the %s groups: a host serves one pool (Ansible would silently "
                         "merge both groups' variables and keep one)" % (host, " and ".join(pools)))
         return False
+    others = sorted(groups & set(cells) - {cell}, key=_natural_key)
+    if others:
+        problems.append("%s is in the group of cell %s but its %s is %s: a host is in one cell (in two cells' "
+                        "groups Ansible keeps one %s without a word)" % (host, ", ".join(others), CELL_VAR, cell,
+                                                                         CELL_VAR))
+        return False
     extra = hostvars.get("pdctl_extra_groups") or []
     if not isinstance(extra, list):
         problems.append("%s: pdctl_extra_groups must be a list of group names, found %r" % (host, extra))
         extra = []
-    unknown = sorted(groups - set(KNOWN_GROUPS) - {str(g) for g in extra})
+    unknown = sorted(groups - set(KNOWN_GROUPS) - set(cells) - {str(g) for g in extra})
     if unknown:
         problems.append("%s is in group%s %s, which the planner does not know (known: %s; list site "
-                        "groups in pdctl_extra_groups)" % (host, "s" if len(unknown) > 1 else "",
-                                                           ", ".join(unknown), ", ".join(KNOWN_GROUPS[:4])))
+                        "groups in pdctl_extra_groups; a cell's group sets %s to its own name)"
+                        % (host, "s" if len(unknown) > 1 else "", ", ".join(unknown), ", ".join(KNOWN_GROUPS[:4]),
+                           CELL_VAR))
         return False
     if not groups & (set(KNOWN_POOLS) | {ROUTER_GROUP, FRONTDOOR_GROUP}):
         problems.append("%s is in none of the prefill, decode, router and frontdoor groups: it would serve nothing"
                         % host)
         return False
     return True
+
+
+def _host_cells(hosts, problems):
+    """{host: its cell}: pdctl_cell, DEFAULT_CELL where unset. A name that is no simple identifier is reported
+    once with the hosts that carry it, and kept, so that nothing else fails because of it."""
+    cells, bad = {}, {}
+    for host in sorted(hosts, key=_natural_key):
+        value = (hosts[host].get("vars") or {}).get(CELL_VAR)
+        if value is None:
+            cells[host] = DEFAULT_CELL
+            continue
+        if not isinstance(value, str) or not CELL_NAME.fullmatch(value):
+            bad.setdefault(repr(value), []).append(host)
+        cells[host] = str(value)
+    for value, where in bad.items():
+        problems.append("%s %s on %s is not a simple identifier (letters, digits and _, not starting with a digit): "
+                        "a cell is named like its inventory group" % (CELL_VAR, value, ", ".join(where)))
+    return cells
+
+
+def _check_cells(names, instances, cell_of, routers, by_pool, problems):
+    """Every cell serves on its own: a prefill and a decode instance, a router, prefill TP <= decode TP (KV
+    moves only inside a cell). What the whole fleet lacks is reported once, by build_plan, not per cell.
+
+    cell_of: {host: cell} of the serving and router hosts; routers: the router hosts."""
+    for name in names:
+        mine = [i for i in instances if i["cell"] == name]
+        cell_routers = [h for h in routers if cell_of.get(h) == name]
+        if not mine:
+            # Its hosts are router hosts only (a serving host that places nothing is reported where it failed).
+            if cell_routers and instances:
+                problems.append("cell %s: router host%s %s but no serving instance: a router pairs only its own "
+                                "cell's instances (give %s the %s of a serving cell, or take %s out of the %s group)"
+                                % (name, "s" if len(cell_routers) > 1 else "", ", ".join(cell_routers),
+                                   "them" if len(cell_routers) > 1 else "it", CELL_VAR,
+                                   "them" if len(cell_routers) > 1 else "it", ROUTER_GROUP))
+            continue
+        pools = {pool: [i for i in mine if i["pool"] == pool] for pool in KNOWN_POOLS}
+        for pool in KNOWN_POOLS:
+            if not pools[pool] and by_pool[pool]:
+                problems.append("cell %s: no %s instance: its routers pair prefill and decode inside the cell only "
+                                "(hosts %s; put a %s host in the cell's group)"
+                                % (name, pool, ", ".join(sorted({i["host"] for i in mine}, key=_natural_key)), pool))
+        if not cell_routers and routers:
+            problems.append("cell %s: no router host: nothing would send its instances a request (put one of %s "
+                            "in the %s group)" % (name, ", ".join(sorted({i["host"] for i in mine}, key=_natural_key)),
+                                                  ROUTER_GROUP))
+        if pools["prefill"] and pools["decode"]:
+            max_p = max(pools["prefill"], key=lambda i: i["tensor_parallel_size"])
+            min_d = min(pools["decode"], key=lambda i: i["tensor_parallel_size"])
+            if max_p["tensor_parallel_size"] > min_d["tensor_parallel_size"]:
+                problems.append("cell %s: %s %s: prefill TP%d is larger than decode %s %s TP%d (NIXL needs prefill "
+                                "TP <= decode TP)" % (name, max_p["host"], max_p["name"], max_p["tensor_parallel_size"],
+                                                      min_d["host"], min_d["name"], min_d["tensor_parallel_size"]))
+
+
+def _plan_cells(names, members, cell_of, instances, routers):
+    """plan["cells"]: per cell, in natural order, its hosts, routers, instances and capacity (admission's
+    capacity(), the one place capacity is counted). As planned: a quarantine leaves these as they are."""
+    cells = []
+    for name in names:
+        mine = [i for i in instances if i["cell"] == name]
+        planned = capacity({"instances": mine})
+        cells.append({
+            "name": name,
+            "hosts": [h for h in members if cell_of[h] == name],
+            "routers": [h for h in routers if cell_of[h] == name],
+            "prefill": [i["name"] for i in mine if i["pool"] == "prefill"],
+            "decode": [i["name"] for i in mine if i["pool"] == "decode"],
+            "prefill_instances": planned["prefill_total"],
+            "decode_gpus": planned["decode_gpus_total"],
+        })
+    return cells
+
+
+def cell_view(plan, name):
+    """The plan as one cell sees it: that cell's instances and routers ("router": its first), the fleet's front
+    door, every other key as the plan has it. Plan-shaped, so the decisions made for a one-cell deployment
+    (rollouts, maintenance, admission) run on it unchanged. Of a one-cell plan it is the plan itself."""
+    cell = next((c for c in plan.get("cells") or () if c["name"] == name), None)
+    if cell is None:
+        raise ValueError("no cell %r in the plan (cells: %s)"
+                         % (name, ", ".join(c["name"] for c in plan.get("cells") or ()) or "none"))
+    frontdoor = (plan.get("frontdoor") or {}).get("hosts") or []
+    view = dict(plan)
+    view["instances"] = [i for i in plan["instances"] if i["cell"] == name]
+    view["routers"] = [r for r in plan["routers"] if r["cell"] == name]
+    view["router"] = view["routers"][0]
+    view["cells"] = [cell]
+    view["hosts"] = [h for h in plan["hosts"] if h in cell["hosts"] or h in frontdoor]
+    # Another cell's quarantined instances are no part of this one's capacity (admission counts them as out).
+    view["quarantined"] = [q for q in plan.get("quarantined") or () if q["host"] in cell["hosts"]]
+    return view
 
 
 def build_plan(hosts):
@@ -529,30 +650,33 @@ def build_plan(hosts):
     instances = []
     seen_addresses = {}
     host_claims = {}
+    cell_of = _host_cells(hosts, problems)
     for host in sorted(hosts, key=_natural_key):
         groups = set(hosts[host].get("groups") or [])
         hostvars = hosts[host].get("vars") or {}
-        if not _check_groups(host, groups, hostvars, problems):
+        if not _check_groups(host, groups, hostvars, problems, set(cell_of.values()), cell_of[host]):
             continue
         address = host_address(host, hostvars)
         if address in seen_addresses:
             problems.append("duplicate host: %s and %s both point at %s" % (seen_addresses[address], host, address))
         seen_addresses.setdefault(address, host)
-        instances.extend(_plan_host(host, hostvars, groups, counters, problems, frontdoor=host in frontdoors,
-                                    claims_out=host_claims))
+        placed = _plan_host(host, hostvars, groups, counters, problems, frontdoor=host in frontdoors,
+                            claims_out=host_claims)
+        for inst in placed:
+            inst["cell"] = cell_of[host]
+        instances.extend(placed)
 
     by_pool = {pool: [i for i in instances if i["pool"] == pool] for pool in KNOWN_POOLS}
     for pool in KNOWN_POOLS:
         if not by_pool[pool] and not any("%s instance" % pool in p for p in problems):
             problems.append("no %s instance: P/D needs at least one prefill and one decode instance "
                             "(check the %s group and its pdctl_instances)" % (pool, pool))
+    # Serving and router hosts are in a cell; a front-door host serves the whole fleet.
+    members = [h for h in sorted(hosts, key=_natural_key)
+               if set(hosts[h].get("groups") or []) & set(KNOWN_POOLS + (ROUTER_GROUP,))]
+    cell_names = sorted({cell_of[h] for h in members}, key=_natural_key)
+    _check_cells(cell_names, instances, {h: cell_of[h] for h in members}, routers, by_pool, problems)
     if by_pool["prefill"] and by_pool["decode"]:
-        max_p = max(by_pool["prefill"], key=lambda i: i["tensor_parallel_size"])
-        min_d = min(by_pool["decode"], key=lambda i: i["tensor_parallel_size"])
-        if max_p["tensor_parallel_size"] > min_d["tensor_parallel_size"]:
-            problems.append("%s %s: prefill TP%d is larger than decode %s %s TP%d (NIXL needs prefill TP <= decode TP)"
-                            % (max_p["host"], max_p["name"], max_p["tensor_parallel_size"],
-                               min_d["host"], min_d["name"], min_d["tensor_parallel_size"]))
         for key, label in (("model_path", "model"), ("vllm_version", "vLLM version")):
             values = sorted({str(i[key]) for i in instances})
             if len(values) > 1:
@@ -576,11 +700,18 @@ def build_plan(hosts):
     if problems:
         raise PlanError(problems)
 
-    router_list = [_plan_router(host, hosts[host].get("vars") or {}, frontdoors, by_pool) for host in routers]
+    # A router pairs its own cell's instances only: its upstreams are that cell's.
+    router_list = []
+    for host in routers:
+        mine = [i for i in instances if i["cell"] == cell_of[host]]
+        cell_pools = {pool: [i for i in mine if i["pool"] == pool] for pool in KNOWN_POOLS}
+        router_list.append(dict(_plan_router(host, hosts[host].get("vars") or {}, frontdoors, cell_pools),
+                                cell=cell_of[host]))
     return {
         "instances": instances,
         "router": router_list[0],
         "routers": router_list,
+        "cells": _plan_cells(cell_names, members, cell_of, instances, routers),
         "frontdoor": frontdoor,
         "model_path": instances[0]["model_path"],
         "vllm_version": instances[0]["vllm_version"],
@@ -665,6 +796,13 @@ def quarantine(plan, failures, groups):
     if len(remaining) < minimum:
         problems.append("%d of %d prefill instances would remain, fewer than %s=%d; failed: %s"
                         % (len(remaining), len(prefill), MIN_PREFILL_VAR, minimum, "; ".join(named)))
+    # The floor is the fleet's, but a cell's routers pair only its own instances: none left there, none served
+    # (with one cell, the floor of at least 1 says so already).
+    emptied = {i.get("cell") for i in prefill} - {i.get("cell") for i in remaining}
+    for cell in sorted(emptied if len(plan.get("cells") or ()) > 1 else (), key=_natural_key):
+        problems.append("cell %s would keep no prefill instance (its routers pair only its own); failed: %s"
+                        % (cell, "; ".join(line for host, line in zip(hosts, named)
+                                           if any(i["host"] == host and i.get("cell") == cell for i in prefill))))
     if problems:
         raise QuarantineError(problems)
     out = dict(plan)
@@ -837,15 +975,19 @@ def instances_on(plan, host):
 
 
 def format_table(plan):
-    """Human-readable plan, one row per serving instance, then the front door and the routers."""
+    """Human-readable plan, one row per serving instance, then the front door, the routers and the cells.
+    With several cells the table has a CELL column (with one, every row would say the same)."""
+    several = len(plan.get("cells") or ()) > 1
     header = ("INSTANCE", "HOST", "POOL", "GPUS", "TPxDP", "API", "NIXL SIDE CHANNEL", "DP RPC", "NUMA", "KV NICS")
-    rows = [header]
+    rows = [("CELL",) + header if several else header]
     for i in plan["instances"]:
         lo, hi = i["side_channel_ports"]
-        rows.append((i["name"], i["host"], i["pool"], i["cuda_visible_devices"],
-                     "%dx%d" % (i["tensor_parallel_size"], i["data_parallel_size"]),
-                     str(i["api_port"]), "%s:%s" % (i["side_channel_host"], _span(lo, hi)), str(i["dp_rpc_port"]),
-                     ",".join(str(n) for n in i.get("numa_nodes", [])) or "-", ",".join(i.get("nics", [])) or "-"))
+        row = (i["name"], i["host"], i["pool"], i["cuda_visible_devices"],
+               "%dx%d" % (i["tensor_parallel_size"], i["data_parallel_size"]),
+               str(i["api_port"]), "%s:%s" % (i["side_channel_host"], _span(lo, hi)), str(i["dp_rpc_port"]),
+               ",".join(str(n) for n in i.get("numa_nodes", [])) or "-", ",".join(i.get("nics", [])) or "-")
+        rows.append((i["cell"],) + row if several else row)
+    header = rows[0]
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip() for row in rows]
     lines.append("")
@@ -856,13 +998,21 @@ def format_table(plan):
             lines.append("  virtual address %s (VRRP id %d) moves between the front-door hosts"
                          % (fd["vip"]["address"], fd["vip"]["virtual_router_id"]))
     for r in plan.get("routers") or [plan["router"]]:
-        lines.append("router: %s on %s (metrics :%d)" % (r["url"], r["host"], r["metrics_port"]))
+        lines.append("router: %s on %s%s (metrics :%d)" % (r["url"], r["host"], " in %s" % r["cell"] if several else "",
+                                                         r["metrics_port"]))
         if r.get("aggregated_url"):
             lines.append("aggregated router (no decode: prefill serves whole requests): %s on %s (metrics :%d)"
                          % (r["aggregated_url"], r["host"], r["aggregated_metrics_port"]))
-    r = plan["router"]
-    lines.append("  prefill upstreams: %s" % " ".join(r["prefill_urls"]))
-    lines.append("  decode upstreams:  %s" % " ".join(r["decode_urls"]))
+    if not several:
+        r = plan["router"]
+        lines.append("  prefill upstreams: %s" % " ".join(r["prefill_urls"]))
+        lines.append("  decode upstreams:  %s" % " ".join(r["decode_urls"]))
+    if plan.get("cells"):
+        lines.append("cells (a cell's routers pair only its own prefill and decode instances):")
+        for c in plan["cells"]:
+            lines.append("  %s: routers %s; %d prefill instance%s (%s), %d decode GPUs (%s); hosts %s" % (
+                c["name"], ", ".join(c["routers"]), c["prefill_instances"], "" if c["prefill_instances"] == 1 else "s",
+                ", ".join(c["prefill"]), c["decode_gpus"], ", ".join(c["decode"]), ", ".join(c["hosts"])))
     lines.append("model: %s   vLLM: %s" % (plan["model_path"], plan["vllm_version"]))
     if plan.get("min_prefill_instances"):
         lines.append("a prefill host that fails its checks is quarantined while >= %d prefill instances remain "

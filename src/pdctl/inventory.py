@@ -34,6 +34,15 @@ def _plain(value):
     return value
 
 
+def _has_template(value) -> bool:
+    """Whether a value holds Jinja anywhere (what templating would change)."""
+    if isinstance(value, dict):
+        return any(_has_template(k) or _has_template(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_template(v) for v in value)
+    return isinstance(value, str) and any(mark in value for mark in ("{{", "{%", "{#"))
+
+
 def _extra_vars(loader, values) -> dict:
     """`-e` values as ansible-playbook reads them (`@FILE`, JSON or YAML, `k=v ...`), later ones winning."""
     from ansible.errors import AnsibleError
@@ -85,11 +94,16 @@ def load(inventory: str | os.PathLike, names=None, extra_vars=()) -> dict:
             # playbook_dir: the collection's playbooks, as a play of them has it, not the working directory (the lab
             # keeps its records beside them).
             hv = {**layer, **raw, "playbook_dir": str(collection.root() / "playbooks"), **extra}
-            templar = Templar(loader=loader, variables=hv)
             wanted = {k: v for k, v in hv.items() if k in (names or topology.PLAN_VARS)}
+            # Only values that hold a template need the host's variables: most are plain data (the layer's ports,
+            # pools, hardware profile), and templating walks all of it, for every host of a fleet.
+            templated = [k for k, v in wanted.items() if _has_template(v)]
+            if templated:
+                templar = Templar(loader=loader, variables=hv)
+                wanted.update(templar.template({k: wanted[k] for k in templated}))
             hosts[host.name] = {
                 "groups": sorted(g.name for g in host.get_groups() if g.name != "all"),
-                "vars": _plain(templar.template(wanted)),
+                "vars": _plain(wanted),
                 "names": varnames.unread_names(raw),  # the planner refuses a pdctl_* name nothing reads
             }
     except AnsibleError as exc:
