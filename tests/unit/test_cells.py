@@ -270,3 +270,23 @@ def test_the_fleets_firewall_is_cell_local(fleet_plan):
     assert firewall.allowed(decode_rules, 5600, address(6, "prefill-1")) == []
     # The front doors (fleet-wide) check every cell's decode /health themselves.
     assert firewall.allowed(decode_rules, 8100, "192.0.2.2") == ["decode-4 api"]
+
+
+@pytest.mark.parametrize("command", [["upgrade", "--check", "--plan", "prefill"], ["upgrade", "--check", "--plan", "release"],
+                                     ["maintain", "--check", "--plan"]])
+def test_a_rollout_plan_of_several_cells_is_refused_not_printed_wrong(command, capsys):
+    """Rollouts by cell are not built: the playbooks refuse several cells (preflight 0021-cells.yml), so --plan
+    refuses too (exit 2, naming the cells) instead of printing the fleet as one cell's rollout."""
+    assert cli.main([command[0], "-i", str(FLEET)] + command[1:]) == 2
+    err = capsys.readouterr().err
+    assert "plans 20 cells (cell01, cell02" in err and "rollouts by cell are not built yet" in err
+
+
+def test_the_preflight_refuses_several_cells_before_anything_changes():
+    import yaml
+    tasks = yaml.safe_load((ROOT / "roles/preflight/tasks/0021-cells.yml").read_text())
+    assert [t["ansible.builtin.assert"]["that"] for t in tasks] == ["preflight_plan.cells | length <= 1"]
+    main = yaml.safe_load((ROOT / "roles/preflight/tasks/main.yml").read_text())
+    order = [t.get("ansible.builtin.import_tasks") for t in main]
+    # Right after the plan, before the host checks (every playbook's first play; render includes 0020 alone).
+    assert order.index("0021-cells.yml") == order.index("0020-plan.yml") + 1
