@@ -6,8 +6,8 @@ key), each instance's finished requests from its /metrics (reached through an SS
 instance's port admits the router hosts only) and each unit's memory (API server and engine cores) from the
 node exporter of its host, where roles/monitoring's collector writes pdctl_unit_memory_anon_bytes for the
 textfile collector. vLLM's process_resident_memory_bytes (the API server's) would be recorded beside it, but in
-the recipe's configuration vLLM exports none (multiprocess registry), so only the unit's memory shows the leak. The leak goes on FAULTY's instances (prefill-2, prefill-3)
-as an operator would change the engine profile (test_faults_lab.faulty_inventory); the lab's own profile comes
+the recipe's configuration vLLM exports none (multiprocess registry), so only the unit's memory shows the leak.
+The leak goes on FAULTY's instances (prefill-2, prefill-3) as an operator would change the engine profile (test_faults_lab.faulty_inventory); the lab's own profile comes
 back at the end (restore_engine). Reports under artifacts/soak/."""
 import json
 import os
