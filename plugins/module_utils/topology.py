@@ -998,8 +998,8 @@ def format_table(plan):
             lines.append("  virtual address %s (VRRP id %d) moves between the front-door hosts"
                          % (fd["vip"]["address"], fd["vip"]["virtual_router_id"]))
     for r in plan.get("routers") or [plan["router"]]:
-        lines.append("router: %s on %s%s (metrics :%d)" % (r["url"], r["host"], " in %s" % r["cell"] if several else "",
-                                                         r["metrics_port"]))
+        where = " in %s" % r["cell"] if several else ""
+        lines.append("router: %s on %s%s (metrics :%d)" % (r["url"], r["host"], where, r["metrics_port"]))
         if r.get("aggregated_url"):
             lines.append("aggregated router (no decode: prefill serves whole requests): %s on %s (metrics :%d)"
                          % (r["aggregated_url"], r["host"], r["aggregated_metrics_port"]))
