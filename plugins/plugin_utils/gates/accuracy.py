@@ -255,7 +255,7 @@ def summarize(name: str, results: list[dict], settings: dict, cfg: dict, referen
     checks.append(_check("failed_share", summary["failed_share"] <= float(cfg["max_failed_share"]),
                          "%s: %d of %d requests failed (%.1f%%: %s, %d left unasked by the time budget), maximum "
                          "%.1f%%" % (name, failed, n, 100 * summary["failed_share"],
-                                     ", ".join("%d %s" % (c, k) for k, c in summary["errors_by_kind"].items() if c)
+                                     ", ".join("%s %s" % (c, k) for k, c in summary["errors_by_kind"].items() if c)
                                      or "no error", summary["timeouts"], 100 * float(cfg["max_failed_share"]))))
     checks.append(_check("truncation_rate", summary["truncation_rate"] <= float(cfg["max_truncation_rate"]),
                          "%s: truncation rate %.1f%% (%d of %d hit max_tokens %d), maximum %.1f%%"
